@@ -1,0 +1,41 @@
+"""The ``cuda`` backend: Triton kernels for NVIDIA GPUs (CuPy only where Triton lacks something).
+
+The probe is cheap: it checks that torch was built for CUDA (not ROCm, which also presents
+``cuda`` devices) and that Triton is importable, without initialising a device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import ClassVar
+
+import torch
+
+from rlkernel.backend import Backend
+
+KERNELS: dict[str, str] = {}
+
+
+class CudaBackend(Backend):
+    """Triton kernels on NVIDIA GPUs."""
+
+    name = "cuda"
+    device_types = ("cuda",)
+    package = "rlkernel.backends.cuda"
+    kernels = KERNELS
+    verification: ClassVar[dict[str, str]] = {}
+    priority = 10
+
+    def probe(self) -> tuple[bool, str]:
+        # when using hip devices, the device string in pytorch is "cuda": that is the rocm backend
+        if getattr(torch.version, "hip", None):
+            return False, "torch is a ROCm build; the rocm backend serves its cuda devices"
+        if torch.version.cuda is None:
+            return False, "torch was built without CUDA"
+        if importlib.util.find_spec("triton") is None:
+            return False, "triton is not installed (pip install 'rlkernel[cuda]')"
+        return True, f"torch CUDA {torch.version.cuda}, triton available"
+
+    def architecture(self, device: torch.device) -> str:
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"

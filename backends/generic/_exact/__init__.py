@@ -1,0 +1,1 @@
+"""Device-generic exact primitives: plain tensor ops exact on any IEEE device."""

@@ -1,0 +1,96 @@
+"""Device-generic fp32 helpers built from integer bit manipulation (no float64, no libm).
+
+Exponents are read from the bits, powers of two are built from bits, and int64 -> fp32 is
+rounded in integer arithmetic, so every device that has int32/int64 and IEEE fp32 gives the
+same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def bits_of(x: torch.Tensor) -> torch.Tensor:
+    """The fp32 bit pattern of ``x`` (upcast exactly) as int64 in [0, 2**32)."""
+    return x.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def bit_length(a: torch.Tensor) -> torch.Tensor:
+    """Bit length of non-negative int64 values (0 for 0), by a six-step binary search."""
+    length = torch.zeros_like(a)
+    v = a
+    for step in (32, 16, 8, 4, 2, 1):
+        big = (v >> step) > 0
+        length = length + big.to(torch.int64) * step
+        v = torch.where(big, v >> step, v)
+    return length + (v > 0).to(torch.int64)
+
+
+def exponent(x: torch.Tensor) -> torch.Tensor:
+    """``e`` with ``2**(e-1) <= |x| < 2**e`` for finite nonzero x, 0 for zero; int64."""
+    b = bits_of(x)
+    biased = (b >> 23) & 0xFF
+    mant = b & 0x7FFFFF
+    sub = bit_length(mant) - 149
+    e = torch.where(biased == 0, sub, biased - 126)
+    return torch.where((b & 0x7FFFFFFF) == 0, torch.zeros_like(e), e)
+
+
+def pow2_f32(k: torch.Tensor) -> torch.Tensor:
+    """fp32 ``2**k`` for int64 k in [-126, 127], built from the exponent bits."""
+    return ((k + 127) << 23).to(torch.int32).view(torch.float32)
+
+
+def scale_pow2(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``(y * 2**a) * 2**(k - a)``, ``a = floor(k / 2)``: two fp32 multiplies."""
+    a = torch.div(k, 2, rounding_mode="floor")
+    return (y * pow2_f32(a)) * pow2_f32(k - a)
+
+
+def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
+    """Round int64 to fp32 (nearest, ties to even) in integer arithmetic, then convert exactly."""
+    mag = s.abs()
+    drop = (bit_length(mag) - 24).clamp(min=0)
+    q = mag >> drop
+    rem = mag - (q << drop)
+    half = torch.where(drop > 0, torch.ones_like(drop) << (drop - 1).clamp(min=0), torch.zeros_like(drop))
+    up = (drop > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    q = q + up.to(torch.int64)  # q <= 2**24: exact in fp32
+    out = scale_pow2(q.to(torch.float32), drop)
+    return torch.where(s < 0, -out, out)
+
+
+def canonical_nan(t: torch.Tensor) -> torch.Tensor:
+    """Replace NaNs by the dtype's canonical NaN (fp32 0x7FC00000, bf16 0x7FC0, fp16 0x7E00)."""
+    if not t.is_floating_point():
+        return t
+    if t.dtype == torch.float32:
+        nan = torch.tensor(0x7FC00000, dtype=torch.int32, device=t.device).view(torch.float32)
+    else:
+        nan = torch.tensor(_NAN_BITS[t.dtype], dtype=torch.int16, device=t.device).view(t.dtype)
+    return torch.where(t != t, nan, t)
+
+
+def cast_out(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 -> ``dtype`` (round to nearest even, overflow to inf), canonical NaN."""
+    return canonical_nan(y.to(dtype))
+
+
+def nan_max(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Max along ``dim`` with NaN propagation and a +0 zero (R5)."""
+    m = torch.amax(x, dim=dim, keepdim=keepdim) + 0.0  # -0 + 0 = +0 under round-to-nearest
+    has_nan = torch.isnan(x).any(dim=dim, keepdim=keepdim)
+    return torch.where(has_nan, torch.full_like(m, float("nan")), m)
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last axis: first NaN if any, else the lowest index among ties (R5)."""
+    n = x.shape[-1]
+    pos = torch.arange(n, device=x.device)
+    nan = x != x
+    key = torch.where(nan, torch.full_like(x, float("inf")), x)
+    best = torch.amax(key, dim=-1, keepdim=True)
+    hit = (key == best) & (~nan.any(dim=-1, keepdim=True) | nan)
+    return torch.where(hit, pos, n).amin(dim=-1)

@@ -1,0 +1,1 @@
+"""Exact primitives of the contracts (docs/numerics.md): the reference definitions."""

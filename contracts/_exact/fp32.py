@@ -1,0 +1,98 @@
+"""Reference fp32 helpers: exponent, power-of-two scaling, int64 -> fp32, NaN canonicalisation.
+
+These are the definitions of docs/numerics.md P1-P3 and P7-P8, written for clarity (float64
+is used where it is exact). They run on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CANONICAL_NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def expo(x: torch.Tensor) -> torch.Tensor:
+    """Binary exponent e with ``2**(e-1) <= |x| < 2**e`` (P1); 0 for zeros.
+
+    Parameters
+    ----------
+    x : Tensor, float32/bfloat16/float16, any shape, finite
+
+    Returns
+    -------
+    Tensor, int64, same shape
+    """
+    _, e = torch.frexp(x.to(torch.float64))
+    return torch.where(x == 0, torch.zeros_like(e), e).to(torch.int64)
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """``2**k`` as float64 (exact for |k| <= 1022)."""
+    return torch.ldexp(torch.ones_like(k, dtype=torch.float64), k.to(torch.int64))
+
+
+def ldexp_c(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """P2: ``RN32(RN32(y * 2**a) * 2**(k - a))`` with ``a = floor(k / 2)``; y fp32, k int64."""
+    k = k.to(torch.int64)
+    a = torch.div(k, 2, rounding_mode="floor")
+    first = (y.to(torch.float64) * pow2(a)).to(torch.float32)  # y * 2^a: exact in float64, one rounding
+    return (first.to(torch.float64) * pow2(k - a)).to(torch.float32)
+
+
+def int_to_fp32(s: torch.Tensor) -> torch.Tensor:
+    """P3: int64 -> fp32 correctly rounded (ties to even), via a 53-bit sticky reduction.
+
+    Parameters
+    ----------
+    s : Tensor, int64, any shape, ``|s| < 2**63``
+
+    Returns
+    -------
+    Tensor, float32, same shape
+    """
+    s = s.to(torch.int64)
+    a = s.abs()
+    _, e = torch.frexp(a.to(torch.float64))  # bit length, possibly one too large after rounding
+    shift = (e.to(torch.int64) - 53).clamp(min=0)
+    kept = a >> shift
+    lost = a - (kept << shift)
+    kept = kept | (lost != 0).to(torch.int64)  # sticky bit: >= 52 bits remain, far below fp32's 24
+    mag = (kept.to(torch.float64) * pow2(shift)).to(torch.float32)  # exact, then one rounding
+    return torch.where(s < 0, -mag, mag)
+
+
+def canonicalize(t: torch.Tensor) -> torch.Tensor:
+    """P8: replace every NaN by the canonical NaN of ``t``'s dtype (no-op for integers)."""
+    if not t.is_floating_point():
+        return t
+    bits = CANONICAL_NAN_BITS[t.dtype]
+    width = torch.finfo(t.dtype).bits
+    signed = bits - (1 << width) if bits >= 1 << (width - 1) else bits
+    int_dtype = torch.int32 if width == 32 else torch.int16
+    nan = torch.tensor(signed, dtype=int_dtype).view(t.dtype)
+    return torch.where(torch.isnan(t), nan, t)
+
+
+def round_to(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """P8: fp32 -> ``dtype`` round-to-nearest-even (overflow to inf), NaN canonical."""
+    return canonicalize(y.to(dtype))
+
+
+def max_r5(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """P7: max along ``dim``; NaN propagates; a zero max is +0."""
+    m = torch.amax(x, dim=dim)
+    any_nan = torch.isnan(x).any(dim=dim)
+    m = torch.where(m == 0, torch.zeros_like(m), m)
+    return torch.where(any_nan, torch.full_like(m, float("nan")), m)
+
+
+def argmax_r5(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """P7: index of the max along ``dim``: the first NaN if any, else the lowest tied index."""
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    idx = torch.arange(n, dtype=torch.int64).expand(x.shape)
+    nan = torch.isnan(x)
+    first_nan = torch.where(nan, idx, torch.full_like(idx, n)).amin(dim=-1)
+    m = torch.amax(torch.where(nan, torch.full_like(x, float("-inf")), x), dim=-1, keepdim=True)
+    first_max = torch.where(x == m, idx, torch.full_like(idx, n)).amin(dim=-1)
+    return torch.where(first_nan < n, first_nan, first_max)

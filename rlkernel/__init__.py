@@ -1,0 +1,40 @@
+"""rlkernel: bitwise-reproducible kernels for RL post-training across GPU vendors.
+
+The same inputs give the same bits on every backend, batch composition, chunking and
+tensor-parallel degree (see DESIGN.md). Public entry points:
+
+- :mod:`rlkernel.ops`: the functional ops (imported on first attribute access).
+- :func:`trace`, :func:`last_kernel`: which backend and kernel ran.
+- :func:`use_backend`: force a backend for the calls in a block.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+
+from rlkernel.dispatch import last_kernel, trace, use_backend
+
+try:
+    __version__ = version("rlkernel")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# Subpackages loaded on first access, so `import rlkernel` stays cheap and an op module
+# that imports `rlkernel` back cannot form an import cycle.
+_LAZY = ("ops", "nn", "model", "rl")
+
+__all__ = ["__version__", "last_kernel", "ops", "trace", "use_backend"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _LAZY:
+        module = importlib.import_module(f"rlkernel.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'rlkernel' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
