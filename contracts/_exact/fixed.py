@@ -74,12 +74,14 @@ def fixed_sum(t: torch.Tensor, dim: int = -1, e: torch.Tensor | None = None, fra
     """
     dim = dim % t.dim()
     check_count(op, t.shape[dim], frac_bits)
+    if t.shape[dim] == 0:
+        return torch.zeros(t.shape[:dim] + t.shape[dim + 1 :], dtype=torch.float32)
     if e is None:
         e = grid_exponent(t, dim)
     total = fixed_sum_int(t, e, dim, frac_bits)
     out = ldexp_c(int_to_fp32(total), e - frac_bits)
     special = special_sum(t, dim)
-    return torch.where(torch.isfinite(special) , out, special)
+    return torch.where(torch.isfinite(special), out, special)
 
 
 def fixed_sum_int(t: torch.Tensor, e: torch.Tensor, dim: int, frac_bits: int = F_SUM) -> torch.Tensor:

@@ -70,12 +70,12 @@ def exact_sum(t: torch.Tensor, dim: int = -1, e: torch.Tensor | None = None, fra
     err = sum_bound_error(op, t.shape[dim], frac_bits)
     if err is not None:
         raise err
+    if t.shape[dim] == 0:  # the empty sum is +0
+        return torch.zeros_like(t.sum(dim=dim, keepdim=keepdim), dtype=torch.float32)
     if e is None:
         e = max_exponent(t, dim, keepdim=True)
     elif not keepdim:
         e = e.unsqueeze(dim)
-    else:
-        e = e
     total = to_fixed(t, e, frac_bits).sum(dim=dim, keepdim=True)
     out = from_fixed(total, e, frac_bits)
     special = nonfinite_total(t, dim, keepdim=True)

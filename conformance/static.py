@@ -1,0 +1,61 @@
+"""Static kernel checks contributed by a backend (DESIGN §5, "Static kernel checks").
+
+The suite does not know how a backend compiles its kernels. A backend that can check its
+compiled code without the hardware (PTX/AMDGCN scanned for ``ex2.approx``, ``div.full``,
+``.ftz``, contracted ``fma``, float atomics, ...) defines a method::
+
+    def static_checks(self) -> list[tuple[str, str, bool, str]]:
+        # (op, case, passed, detail) per check, e.g.
+        # ("rms_norm", "sm_90/no-approx-div", True, "")
+
+and the runner turns each tuple into a record of kind ``static``. A check that raises is an
+``error`` record, never a silent pass. ``--op`` filters by the tuple's op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: One static check result: (op, case, passed, detail).
+StaticResult = tuple[str, str, bool, str]
+
+
+def provider(backend: Any) -> Callable[[], list[StaticResult]] | None:
+    """The backend's ``static_checks`` method, or ``None`` if it has none."""
+    fn = getattr(backend, "static_checks", None)
+    return fn if callable(fn) else None
+
+
+def collect(backend: Any, ops: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the backend's static checks; records ``{op, case, status, detail}`` (status pass|fail|error).
+
+    Parameters
+    ----------
+    backend : rlkernel.backend.Backend
+        The backend under test.
+    ops : list of str, optional
+        Keep only checks of these ops.
+    """
+    fn = provider(backend)
+    if fn is None:
+        return []
+    try:
+        results = list(fn())
+    except Exception as exc:  # a crashing checker is a reported error, not a pass
+        logger.exception("static checks of backend %s raised", getattr(backend, "name", backend))
+        return [{"op": "*", "case": "static_checks", "status": "error", "detail": f"{type(exc).__name__}: {exc}"}]
+    records = []
+    for item in results:
+        if not (isinstance(item, tuple) and len(item) == 4):
+            records.append({"op": "*", "case": "static_checks", "status": "error",
+                            "detail": f"static_checks() returned {item!r}; expected (op, case, passed, detail)"})
+            continue
+        op, case, passed, detail = item
+        if ops and op not in ops:
+            continue
+        records.append({"op": str(op), "case": str(case), "status": "pass" if passed else "fail", "detail": str(detail)})
+    return records

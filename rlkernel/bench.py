@@ -1,0 +1,235 @@
+"""``rlkernel bench``: every contract's benchmark shapes, rlkernel against native PyTorch.
+
+For each :class:`~rlkernel.contracts._contract.BenchCase` of each contract module, the native
+baseline (``case.native(**inputs)``) and the rlkernel op (``rlkernel.ops.<op>(**inputs)``) are
+timed in the same run on the same device. On CUDA: ``triton.testing.do_bench`` medians; elsewhere
+``time.perf_counter`` medians after a warm-up. Inputs smaller than 256 MB are built three times and
+rotated so that caches do not flatter small shapes. Throughput comes from the case's declared
+``flops`` and ``bytes`` formulas; ``ratio = native_ms / rlkernel_ms`` (DESIGN §7 goals).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from rlkernel.dispatch import last_kernel
+from rlkernel.environment import describe, device_name, git_commit, package_version
+from rlkernel.public import public_op
+
+logger = logging.getLogger(__name__)
+
+#: Inputs below this size are built three times and rotated between calls.
+ROTATE_BELOW_BYTES = 256 * 2**20
+ROTATIONS = 3
+
+
+@dataclass
+class Timing:
+    """One side of a bench row (native or rlkernel)."""
+
+    ms: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    peak_mem_bytes: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class BenchRow:
+    op: str
+    case: str
+    flops: float
+    bytes: float
+    native: Timing = field(default_factory=Timing)
+    rlkernel: Timing = field(default_factory=Timing)
+    kernel: str | None = None
+    input_sets: int = 1
+
+    @property
+    def ratio(self) -> float | None:
+        """``native_ms / rlkernel_ms`` (higher is better for rlkernel)."""
+        if self.native.ms is None or not self.rlkernel.ms:
+            return None
+        return self.native.ms / self.rlkernel.ms
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratio"] = self.ratio
+        return d
+
+
+def input_bytes(obj: Any) -> int:
+    """Total bytes of the tensors in ``obj`` (recursively in lists, tuples and dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(input_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(input_bytes(o) for o in obj.values())
+    return 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device, repeat: int) -> float:
+    """Median milliseconds of ``fn()``.
+
+    CUDA: ``triton.testing.do_bench(fn, rep=10 * repeat, return_mode="median")``. Elsewhere:
+    two warm-up calls, then the median of ``repeat`` ``time.perf_counter`` timings.
+    """
+    if device.type == "cuda":
+        import triton.testing  # lazily: CPU-only machines need no triton
+
+        return float(triton.testing.do_bench(fn, rep=10 * repeat, return_mode="median"))
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Bytes allocated at peak by one call of ``fn`` beyond what was allocated before (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: torch.device, repeat: int,
+            flops: float, nbytes: float) -> Timing:
+    """Time ``fn(**inputs)`` rotating over ``input_sets``; errors are recorded, not raised."""
+    cycle = itertools.cycle(input_sets)
+
+    def call() -> Any:
+        return fn(**next(cycle))
+
+    timing = Timing()
+    try:
+        timing.peak_mem_bytes = peak_memory(call, device)
+        timing.ms = time_ms(call, device, repeat)
+    except Exception as exc:  # recorded in the report; the bench goes on
+        timing.error = f"{type(exc).__name__}: {exc}"
+        logger.info("bench: %s failed: %s", getattr(fn, "__name__", fn), timing.error)
+        return timing
+    seconds = timing.ms * 1e-3
+    if seconds > 0:
+        timing.tflops = flops / seconds / 1e12
+        timing.gbps = nbytes / seconds / 1e9
+    return timing
+
+
+def bench_module(name: str, module: ModuleType, device: torch.device, repeat: int) -> list[BenchRow]:
+    """Rows for every bench case of one contract module."""
+    rows = []
+    for case in module.bench_cases():
+        op = case.op or module.CONTRACT.name
+        row = BenchRow(op=op, case=case.name, flops=float(case.flops), bytes=float(case.bytes))
+        try:
+            first = case.make(device)
+            sets = [first] + [case.make(device) for _ in range(ROTATIONS - 1)] if input_bytes(
+                first) < ROTATE_BELOW_BYTES else [first]
+        except Exception as exc:
+            row.native.error = row.rlkernel.error = f"inputs: {type(exc).__name__}: {exc}"
+            rows.append(row)
+            continue
+        row.input_sets = len(sets)
+        row.native = measure(case.native, sets, device, repeat, row.flops, row.bytes)
+        try:
+            fn = public_op(op)
+        except Exception as exc:
+            row.rlkernel.error = f"{type(exc).__name__}: {exc}"
+        else:
+            row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
+            row.kernel = last_kernel()
+        rows.append(row)
+        del sets, first
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def run(modules: dict[str, ModuleType], device: torch.device, repeat: int) -> dict[str, Any]:
+    """Benchmark every module; the ``bench.json`` document (without command and paths)."""
+    rows: list[BenchRow] = []
+    without: list[str] = []
+    for name, module in modules.items():
+        if not hasattr(module, "bench_cases"):
+            without.append(name)
+            continue
+        rows += bench_module(name, module, device, repeat)
+    return {
+        "commit": git_commit(),
+        "command": sys.argv,
+        "device": str(device),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "environment": describe(device),
+        "repeat": repeat,
+        "rows": [r.as_dict() for r in rows],
+        "no_bench_cases": without,
+    }
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The ``bench.md`` table."""
+    lines = [
+        f"# rlkernel bench on {doc['device_name']} (`{doc['device']}`)",
+        "",
+        f"torch {doc['torch']}, triton {doc['triton']}, commit `{doc['commit']}`; ratio = native ms / rlkernel ms",
+        "",
+        "| op | case | native ms | rlkernel ms | ratio | rlkernel TFLOP/s | rlkernel GB/s | native GB/s "
+        "| peak MiB (rlk/native) | kernel | error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for r in doc["rows"]:
+        n, k = r["native"], r["rlkernel"]
+        mem = "" if k["peak_mem_bytes"] is None else f"{k['peak_mem_bytes'] / 2**20:.1f}/{(n['peak_mem_bytes'] or 0) / 2**20:.1f}"
+        err = "; ".join(f"{side}: {e}" for side, e in (("native", n["error"]), ("rlkernel", k["error"])) if e)
+        lines.append(
+            f"| {r['op']} | {r['case']} | {_fmt(n['ms'], '.4f')} | {_fmt(k['ms'], '.4f')} | {_fmt(r['ratio'], '.3f')} "
+            f"| {_fmt(k['tflops'], '.2f')} | {_fmt(k['gbps'], '.1f')} | {_fmt(n['gbps'], '.1f')} | {mem} "
+            f"| {r['kernel'] or ''} | {err.replace('|', '/')[:200]} |"
+        )
+    for key, label in (("no_bench_cases", "no bench cases"), ("missing_contracts", "contract not present")):
+        if doc.get(key):
+            lines += ["", f"{label}: " + ", ".join(doc[key])]
+    return "\n".join(lines) + "\n"
+
+
+def write(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """Write ``bench.json`` and ``bench.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "md": out_dir / "bench.md"}
+    paths["json"].write_text(json.dumps(doc, indent=2) + "\n")
+    paths["md"].write_text(markdown(doc))
+    return paths

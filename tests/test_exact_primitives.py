@@ -1,0 +1,165 @@
+"""The reference primitives (contracts/_exact) against exact Python integer arithmetic, and the
+device-generic primitives (backends/generic/_exact) against the reference, bit for bit."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rlkernel.backends.generic._exact import digits as gen_digits
+from rlkernel.backends.generic._exact import fixed as gen_fixed
+from rlkernel.backends.generic._exact import fp32 as gen_fp32
+from rlkernel.contracts._exact import digits as ref_digits
+from rlkernel.contracts._exact import fixed as ref_fixed
+from rlkernel.contracts._exact import fp32 as ref_fp32
+from rlkernel.contracts._gen import normal, random_bits, special_values, with_outlier_channels
+
+
+def bits32(t: torch.Tensor) -> torch.Tensor:
+    return ref_fp32.canonicalize(t).view(torch.int32)
+
+
+def assert_same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
+    va, vb = bits32(a).flatten(), bits32(b).flatten()
+    diff = (va != vb).nonzero()
+    if len(diff):
+        i = int(diff[0])
+        raise AssertionError(f"first difference at flat index {i}: {int(va[i]) & 0xFFFFFFFF:#010x} "
+                             f"vs {int(vb[i]) & 0xFFFFFFFF:#010x} ({len(diff)} differ)")
+
+
+def all_fp32_patterns(seed: int, n: int) -> torch.Tensor:
+    """n random fp32 bit patterns (every class: normal, subnormal, zero, inf, NaN)."""
+    raw = (random_bits(seed, n) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    return torch.from_numpy(raw).to(torch.int32).view(torch.float32)
+
+
+def rn32_exact(v: int) -> float:
+    """Correct round-to-nearest-even of a Python int to binary32 (integer arithmetic only)."""
+    a = abs(v)
+    shift = max(a.bit_length() - 24, 0)
+    q, r = divmod(a, 1 << shift)
+    if shift and (r > 1 << (shift - 1) or (r == 1 << (shift - 1) and q & 1)):
+        q += 1
+    return float(np.float32((q << shift) * (1 if v >= 0 else -1)))
+
+
+def test_int_to_fp32_is_correctly_rounded_including_ties():
+    rng = random.Random(7)
+    vals = []
+    for _ in range(20000):
+        width = rng.randint(1, 62)
+        v = rng.getrandbits(width)
+        if rng.random() < 0.4 and width > 25:  # exact ties and near-ties
+            shift = width - 24
+            v = (v >> shift << shift) | (1 << (shift - 1)) | rng.choice([0, 0, 1])
+        vals.append(v if rng.random() < 0.5 else -v)
+    t = torch.tensor(vals, dtype=torch.int64)
+    expected = torch.tensor([rn32_exact(v) for v in vals], dtype=torch.float32)
+    assert_same_bits(ref_fp32.int_to_fp32(t), expected)
+    assert_same_bits(gen_fp32.int64_to_f32(t), expected)
+
+
+def test_expo_matches_definition_and_generic():
+    x = all_fp32_patterns(1, 200000)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    e = ref_fp32.expo(x)
+    nz = x != 0
+    mag = x[nz].abs().to(torch.float64)
+    assert bool(((2.0 ** (e[nz] - 1).double() <= mag) & (mag < 2.0 ** e[nz].double())).all())
+    assert torch.equal(e, gen_fp32.exponent(x))
+
+
+@pytest.mark.parametrize("k_range", [(-252, 252), (-30, 30)])
+def test_ldexp_generic_equals_reference(k_range):
+    y = all_fp32_patterns(2, 100000)
+    y = torch.where(torch.isfinite(y), y, torch.ones_like(y))
+    k = torch.from_numpy((random_bits(3, 100000) % np.uint64(k_range[1] - k_range[0] + 1)).astype(np.int64)) + k_range[0]
+    assert_same_bits(ref_fp32.ldexp_c(y, k), gen_fp32.scale_pow2(y, k))
+
+
+def test_fixed_sum_exact_against_integers_and_generic():
+    t = normal(5, (40, 700), dtype=torch.float32) * torch.logspace(-40, 30, 40).unsqueeze(1).float()
+    e = ref_fixed.grid_exponent(t, 1)
+    # the definition with Python integers
+    for row in range(0, 40, 7):
+        n = sum(round(float(v) * 2.0 ** (40 - int(e[row]))) for v in t[row].double().tolist())
+        expected = rn32_exact(n)  # then an exact power-of-two scale (normal range here)
+        got = ref_fixed.fixed_sum(t[row : row + 1], 1)
+        assert float(got[0]) == float(np.float32(expected) * np.float64(2.0) ** (int(e[row]) - 40))
+    assert_same_bits(ref_fixed.fixed_sum(t, 1), gen_fixed.exact_sum(t, 1))
+
+
+def test_fixed_sum_specials_and_patterns():
+    x = all_fp32_patterns(4, 64 * 500).view(64, 500)
+    finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    assert_same_bits(ref_fixed.fixed_sum(finite, 1), gen_fixed.exact_sum(finite, 1))
+    specials = torch.cat([special_values(torch.float32), torch.ones(4)])
+    rows = torch.stack([specials.roll(i) for i in range(len(specials))])
+    assert_same_bits(ref_fixed.fixed_sum(rows, 1), gen_fixed.exact_sum(rows, 1))
+    assert_same_bits(ref_fixed.fixed_sum(torch.zeros(3, 0), 1), gen_fixed.exact_sum(torch.zeros(3, 0), 1))
+
+
+def test_fixed_sum_order_free():
+    t = normal(6, (8, 3000), dtype=torch.float32)
+    perm = torch.from_numpy(np.argsort(random_bits(9, 3000)).astype(np.int64))
+    assert_same_bits(gen_fixed.exact_sum(t, 1), gen_fixed.exact_sum(t[:, perm], 1))
+
+
+def test_fixed_sum_bound_raises():
+    with pytest.raises(ValueError, match="exact-sum bound"):
+        ref_fixed.check_count("demo", 1 << 23)
+
+
+def exact_linear(x: torch.Tensor, w: torch.Tensor) -> list[list[int]]:
+    """C_ij with Python integers on the P5 grids."""
+    ex, ew = ref_digits.row_exponent(x), ref_digits.row_exponent(w)
+    xi, wi = ref_digits.to_grid(x, ex).tolist(), ref_digits.to_grid(w, ew).tolist()
+    return [[sum(a * b for a, b in zip(r, c)) for c in wi] for r in xi]
+
+
+def test_int_matmul_exact():
+    x = with_outlier_channels(normal(10, (5, 300)), 11, factor=3000.0)
+    w = normal(12, (4, 300), dtype=torch.float16)
+    ex, ew = ref_digits.row_exponent(x), ref_digits.row_exponent(w)
+    c = ref_digits.int_matmul(ref_digits.to_grid(x, ex), ref_digits.to_grid(w.to(torch.float32), ew))
+    xi, wi = ref_digits.to_grid(x, ex).tolist(), ref_digits.to_grid(w.to(torch.float32), ew).tolist()
+    assert c.tolist() == [[sum(a * b for a, b in zip(r, col)) for col in wi] for r in xi]
+
+
+@pytest.mark.parametrize("k", [1, 7, 300, 4097])
+def test_digit_matmul_generic_equals_reference(k):
+    x = with_outlier_channels(normal(20 + k, (9, k)), 1, count=min(k, 3), factor=1000.0)
+    w = normal(30 + k, (6, k))
+    x[1] = 0
+    x[2, 0] = float("nan")
+    w[3, -1] = float("inf")
+    assert_same_bits(ref_digits.digit_matmul(x, w), gen_digits.matmul_exact(x, w))
+
+
+def test_digit_matmul_is_order_free():
+    x, w = normal(40, (3, 2000)), normal(41, (5, 2000))
+    perm = torch.from_numpy(np.argsort(random_bits(42, 2000)).astype(np.int64))
+    assert_same_bits(gen_digits.matmul_exact(x, w), gen_digits.matmul_exact(x[:, perm], w[:, perm]))
+
+
+def test_canonical_nan_and_casts():
+    y = special_values(torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b = ref_fp32.round_to(y, dtype), gen_fp32.cast_out(y, dtype)
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    weird_nan = torch.tensor([-1], dtype=torch.int32).view(torch.float32)  # 0xFFFFFFFF
+    assert int(ref_fp32.canonicalize(weird_nan).view(torch.int32)) == 0x7FC00000
+    assert int(gen_fp32.canonical_nan(weird_nan).view(torch.int32)) == 0x7FC00000
+
+
+def test_max_and_argmax_rules():
+    x = torch.tensor([[-0.0, 0.0, -1.0], [1.0, float("nan"), 2.0], [3.0, 5.0, 5.0], [-0.0, -0.0, -2.0]])
+    m = ref_fp32.max_r5(x, 1)
+    assert_same_bits(m, gen_fp32.nan_max(x, 1))
+    assert int(m[3].view(torch.int32)) == 0  # +0, not -0
+    assert ref_fp32.argmax_r5(x).tolist() == [0, 1, 1, 0]
+    assert gen_fp32.first_argmax(x).tolist() == [0, 1, 1, 0]
