@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -93,42 +94,64 @@ def entry_for(module: ModuleType) -> dict[str, Any]:
     return {"version": contract_version(module), "cases": dict(sorted(cases.items()))}
 
 
-def update(modules: dict[str, ModuleType], path: Path | None = None) -> dict[str, Any]:
-    """Regenerate the entries of ``modules`` (name -> contract module), keep the others, write."""
+def write_entries(entries: dict[str, dict[str, Any]], path: Path | None = None) -> dict[str, Any]:
+    """Replace the entries of the ops in ``entries``, keep the others, write the file."""
     path = path or MANIFEST_PATH
     manifest = load(path) if path.exists() else empty()
-    for name, module in modules.items():
-        manifest["ops"][name] = entry_for(module)
+    manifest["ops"].update(entries)
     manifest["ops"] = dict(sorted(manifest["ops"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
 
+def update(modules: dict[str, ModuleType], path: Path | None = None) -> dict[str, Any]:
+    """Regenerate the entries of ``modules`` (name -> contract module), keep the others, write."""
+    return write_entries({name: entry_for(module) for name, module in modules.items()}, path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlkernel.conformance.manifest --update [--op OP ...] [--manifest PATH]``."""
+    """``python -m rlkernel.conformance.manifest --update [--op OP ...] [--manifest PATH]``.
+
+    A contract module whose cases cannot be generated is reported and left as it was in the
+    manifest; the others are written; the exit status is 1 if any failed.
+    """
     from rlkernel.contracts import load_contracts
 
     parser = argparse.ArgumentParser(prog="python -m rlkernel.conformance.manifest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--update", action="store_true", help="regenerate entries from the reference")
-    parser.add_argument("--op", action="append", help="contract module to regenerate (repeatable; default: all present)")
-    parser.add_argument("--manifest", type=Path, default=MANIFEST_PATH, help="manifest file (default: the committed one)")
+    parser.add_argument("--op", action="append",
+                        help="contract module to regenerate (repeatable; default: all present)")
+    parser.add_argument("--manifest", type=Path, default=MANIFEST_PATH,
+                        help="manifest file (default: the committed one)")
     args = parser.parse_args(argv)
     if not args.update:
         parser.error("nothing to do: pass --update to regenerate entries from the reference")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    modules, missing = load_contracts(args.op)
+    broken: dict[str, BaseException] = {}
+    modules, missing = load_contracts(args.op, errors=broken)
     if args.op and missing:
         parser.error(f"contract module(s) {missing} do not exist yet")
-    manifest = update(modules, args.manifest)
-    for name in modules:
-        entry = manifest["ops"][name]
-        print(f"{name}: version {entry['version']}, {len(entry['cases'])} cases")
+    entries: dict[str, dict[str, Any]] = {}
+    failed: list[str] = list(broken)
+    for name, exc in broken.items():
+        print(f"{name}: FAILED to import, entry left as it was: {type(exc).__name__}: {exc}")
+    for name, module in modules.items():
+        t0 = time.perf_counter()
+        try:
+            entries[name] = entry_for(module)
+        except Exception as exc:  # reported; this op's entry stays as it was
+            failed.append(name)
+            print(f"{name}: FAILED, entry left as it was: {type(exc).__name__}: {exc}")
+            continue
+        print(f"{name}: version {entries[name]['version']}, {len(entries[name]['cases'])} cases "
+              f"({time.perf_counter() - t0:.1f} s)")
+    write_entries(entries, args.manifest)
     if missing:
         print(f"not present (entries kept as they were): {', '.join(missing)}")
-    print(f"wrote {args.manifest}")
-    return 0
+    print(f"wrote {args.manifest}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ bit; a backend's ``static_checks()`` adds static records. The runner returns a
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import traceback
@@ -110,6 +111,10 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _given(record: Record) -> Record:
+    return record
+
+
 class _Run:
     """State of one run: target, manifest, filters, records."""
 
@@ -123,7 +128,8 @@ class _Run:
     def repro(self, op: str, case: str, full_only: bool) -> str:
         dev = "" if self.target.is_reference else f" --device {self.target.device}"
         full = " --full" if full_only else ""
-        return f"rlkernel conformance --backend {self.target.name}{dev} --op {op} --case {case}{full} --out conformance-repro"
+        return (f"rlkernel conformance --backend {self.target.name}{dev} --op {op} --case {case}{full} "
+                f"--out conformance-repro")
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -235,8 +241,9 @@ def run(
         ``--op`` names an unknown or absent contract module; bad backend or device.
     """
     missing: list[str] = []
+    broken: dict[str, BaseException] = {}
     if modules is None:
-        modules, missing = load_contracts(config.ops)
+        modules, missing = load_contracts(config.ops, errors=broken)
         if config.ops and missing:
             raise ValueError(f"contract module(s) {missing} do not exist yet; present: {sorted(modules)}")
     elif config.ops:
@@ -249,17 +256,20 @@ def run(
     state = _Run(config, target, manifest, progress or _NoProgress())
 
     plan: list[Callable[[], Record]] = []
+    for name, exc in broken.items():  # a contract module that fails to import is an error, not a skip
+        error = Record(op=name, case="<import>", kind="golden", status="error", detail=_describe_error(exc))
+        plan.append(functools.partial(_given, error))
     for name, module in modules.items():
         try:
             contract_version(module)  # a module without a valid CONTRACT is an error record
             cases = bit_cases(module, full=config.full)
             inv = [] if target.is_reference else invariance_cases(module, full=config.full)
         except Exception as exc:
-            plan.append(lambda n=name, e=exc: Record(op=n, case="<cases>", kind="golden", status="error",
-                                                     detail=_describe_error(e)))
+            error = Record(op=name, case="<cases>", kind="golden", status="error", detail=_describe_error(exc))
+            plan.append(functools.partial(_given, error))
             continue
-        plan += [lambda n=name, m=module, c=c: state.bit_case(n, m, c) for c in cases if state.wanted(c.name)]
-        plan += [lambda n=name, m=module, c=c: state.invariance_case(n, m, c) for c in inv if state.wanted(c.name)]
+        plan += [functools.partial(state.bit_case, name, module, c) for c in cases if state.wanted(c.name)]
+        plan += [functools.partial(state.invariance_case, name, module, c) for c in inv if state.wanted(c.name)]
 
     state.progress.start(len(plan))
     for step in plan:

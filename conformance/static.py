@@ -57,5 +57,6 @@ def collect(backend: Any, ops: list[str] | None = None) -> list[dict[str, Any]]:
         op, case, passed, detail = item
         if ops and op not in ops:
             continue
-        records.append({"op": str(op), "case": str(case), "status": "pass" if passed else "fail", "detail": str(detail)})
+        status = "pass" if passed else "fail"
+        records.append({"op": str(op), "case": str(case), "status": status, "detail": str(detail)})
     return records

@@ -2,8 +2,8 @@
 
 A target calls an op by name with CPU inputs and returns its outputs on the CPU. A backend
 target resolves the op with :func:`rlkernel.public.public_op` (``rlkernel.ops.<op>``), moves
-every input tensor to the device (recursively in lists, tuples and dicts) and calls it inside :func:`rlkernel.dispatch.use_backend`, recording which
-kernels ran.
+every input tensor to the device (recursively in lists, tuples and dicts) and calls it inside
+:func:`rlkernel.dispatch.use_backend`, recording which kernels ran.
 """
 
 from __future__ import annotations

@@ -32,7 +32,10 @@ CONTRACT_MODULES: tuple[str, ...] = (
 )
 
 
-def load_contracts(names: list[str] | tuple[str, ...] | None = None) -> tuple[dict[str, ModuleType], list[str]]:
+def load_contracts(
+    names: list[str] | tuple[str, ...] | None = None,
+    errors: dict[str, BaseException] | None = None,
+) -> tuple[dict[str, ModuleType], list[str]]:
     """Import the contract modules that exist.
 
     Parameters
@@ -40,6 +43,9 @@ def load_contracts(names: list[str] | tuple[str, ...] | None = None) -> tuple[di
     names : sequence of str, optional
         Module names to load (default: :data:`CONTRACT_MODULES`). A name outside
         :data:`CONTRACT_MODULES` raises ``ValueError``.
+    errors : dict, optional
+        If given, a module that exists but fails to import is recorded here (name -> exception)
+        instead of raising, so that a runner can report it and go on with the others.
 
     Returns
     -------
@@ -47,7 +53,7 @@ def load_contracts(names: list[str] | tuple[str, ...] | None = None) -> tuple[di
         ``name -> rlkernel.contracts.<name>`` for every module that exists, in list order.
     missing : list of str
         Names whose module file does not exist (yet). A module that exists but fails to
-        import raises: a broken contract is never reported as merely missing.
+        import raises (or goes to ``errors``): a broken contract is never reported as missing.
     """
     wanted = CONTRACT_MODULES if names is None else tuple(names)
     unknown = [n for n in wanted if n not in CONTRACT_MODULES]
@@ -60,5 +66,11 @@ def load_contracts(names: list[str] | tuple[str, ...] | None = None) -> tuple[di
         if importlib.util.find_spec(full) is None:
             missing.append(name)
             continue
-        loaded[name] = importlib.import_module(full)
+        if errors is None:
+            loaded[name] = importlib.import_module(full)
+            continue
+        try:
+            loaded[name] = importlib.import_module(full)
+        except Exception as exc:  # handed to the caller, which reports it
+            errors[name] = exc
     return loaded, missing

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rlkernel.dispatch import last_kernel
+from rlkernel.dispatch import trace
 from rlkernel.environment import describe, device_name, git_commit, package_version
 from rlkernel.public import public_op
 
@@ -54,6 +54,7 @@ class BenchRow:
     bytes: float
     native: Timing = field(default_factory=Timing)
     rlkernel: Timing = field(default_factory=Timing)
+    #: kernels that served the rlkernel side
     kernel: str | None = None
     input_sets: int = 1
 
@@ -164,8 +165,9 @@ def bench_module(name: str, module: ModuleType, device: torch.device, repeat: in
         except Exception as exc:
             row.rlkernel.error = f"{type(exc).__name__}: {exc}"
         else:
-            row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
-            row.kernel = last_kernel()
+            with trace() as calls:
+                row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
+            row.kernel = ", ".join(sorted({kernel for _, kernel in calls})) or None
         rows.append(row)
         del sets, first
         if device.type == "cuda":
@@ -173,8 +175,23 @@ def bench_module(name: str, module: ModuleType, device: torch.device, repeat: in
     return rows
 
 
-def run(modules: dict[str, ModuleType], device: torch.device, repeat: int) -> dict[str, Any]:
-    """Benchmark every module; the ``bench.json`` document (without command and paths)."""
+def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, command: list[str] | None = None,
+        missing: list[str] | None = None) -> dict[str, Any]:
+    """Benchmark every module; returns the ``bench.json`` document.
+
+    Parameters
+    ----------
+    modules : dict of str to module
+        Contract modules by name; those without ``bench_cases`` are listed as such.
+    device : torch.device
+        Where inputs are built and both sides run.
+    repeat : int
+        Timed calls per side on the CPU; on CUDA, ``do_bench`` runs for ``10 * repeat`` ms.
+    command : list of str, optional
+        The command line, recorded as is.
+    missing : list of str, optional
+        Contract modules not present in this tree, recorded as such.
+    """
     rows: list[BenchRow] = []
     without: list[str] = []
     for name, module in modules.items():
@@ -184,7 +201,7 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int) -> di
         rows += bench_module(name, module, device, repeat)
     return {
         "commit": git_commit(),
-        "command": sys.argv,
+        "command": command if command is not None else sys.argv,
         "device": str(device),
         "device_name": device_name(device),
         "torch": torch.__version__,
@@ -193,6 +210,7 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int) -> di
         "repeat": repeat,
         "rows": [r.as_dict() for r in rows],
         "no_bench_cases": without,
+        "missing_contracts": list(missing or []),
     }
 
 
@@ -213,7 +231,9 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for r in doc["rows"]:
         n, k = r["native"], r["rlkernel"]
-        mem = "" if k["peak_mem_bytes"] is None else f"{k['peak_mem_bytes'] / 2**20:.1f}/{(n['peak_mem_bytes'] or 0) / 2**20:.1f}"
+        mem = ""
+        if k["peak_mem_bytes"] is not None:
+            mem = f"{k['peak_mem_bytes'] / 2**20:.1f}/{(n['peak_mem_bytes'] or 0) / 2**20:.1f}"
         err = "; ".join(f"{side}: {e}" for side, e in (("native", n["error"]), ("rlkernel", k["error"])) if e)
         lines.append(
             f"| {r['op']} | {r['case']} | {_fmt(n['ms'], '.4f')} | {_fmt(k['ms'], '.4f')} | {_fmt(r['ratio'], '.3f')} "

@@ -13,7 +13,19 @@ import torch
 
 from rlkernel.backend import Backend
 
-KERNELS: dict[str, str] = {}
+#: op -> "module:function" in this package. An op without a Triton kernel is absent: dispatch
+#: then raises an error naming the backends that have it (never a silent fallback).
+KERNELS: dict[str, str] = {
+    "all_reduce": "all_reduce:all_reduce",
+    "linear": "linear:linear",
+    "linear_exponents": "linear:linear_exponents",
+    "linear_partial": "linear:linear_partial",
+    "linear_finish": "linear:linear_finish",
+    "rms_norm": "rms_norm:rms_norm",
+    "silu_mul": "silu_mul:silu_mul",
+    "softmax": "softmax:softmax",
+    "log_softmax": "softmax:log_softmax",
+}
 
 
 class CudaBackend(Backend):
@@ -39,3 +51,9 @@ class CudaBackend(Backend):
     def architecture(self, device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}"
+
+    def static_checks(self) -> list[tuple[str, str, bool, str]]:
+        """Compile every kernel for sm_90 without a GPU and scan the PTX (``static_checks.py``)."""
+        from .static_checks import static_checks
+
+        return static_checks()

@@ -1,0 +1,32 @@
+"""Host-side helpers shared by the CUDA op modules: dtype codes, launch options, bit constants."""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+
+#: output dtype -> ``OUT`` code of ``_tl_exact.cast_out``
+OUT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+#: every launch passes these (R1: no contraction; Triton 3.10 changes the default, so explicit)
+LAUNCH = {"enable_fp_fusion": False}
+
+
+def f32_bits(value: float) -> int:
+    """The binary32 encoding of ``value`` rounded once (RNE) to fp32, as a signed int32."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a contiguous 2-D ``[rows, last]`` view (a copy only if x is not contiguous)."""
+    return x.contiguous().reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+
+
+def pow2_block(n: int, lo: int = 16, hi: int = 1 << 16) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(max(1, n))))
+
+
+def warps_for(block: int) -> int:
+    return 1 if block <= 256 else 4 if block <= 2048 else 8 if block <= 8192 else 16

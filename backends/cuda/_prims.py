@@ -1,0 +1,105 @@
+"""Elementwise kernels exposing the Triton primitives one by one, for tests and static checks.
+
+Not an op: ``tests/test_cuda_interpreter.py`` runs these under the Triton interpreter against
+the reference primitives, and ``static_checks.py`` compiles them for sm_90 and scans the PTX.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _tl_exact as E
+
+#: primitive name -> code of ``_prim_f32_kernel``
+F32_PRIMS = {"exp_c": 0, "log_c": 1, "expo": 2, "bf16": 3, "fp16": 4, "canonical": 5}
+
+
+@triton.jit
+def _prim_f32_kernel(x_ptr, y_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if OP == 0:
+        tl.store(y_ptr + offs, E.exp_c(x), mask=mask)
+    elif OP == 1:
+        tl.store(y_ptr + offs, E.log_c(x), mask=mask)
+    elif OP == 2:
+        tl.store(y_ptr + offs, E.expo_f32(x), mask=mask)
+    elif OP == 3:
+        tl.store(y_ptr + offs, E.cast_out(x, 1), mask=mask)
+    elif OP == 4:
+        tl.store(y_ptr + offs, E.cast_out(x, 2), mask=mask)
+    else:
+        tl.store(y_ptr + offs, E.cast_out(x, 0), mask=mask)
+
+
+@triton.jit
+def _prim_int_kernel(s_ptr, k_ptr, y_ptr, q_ptr, n, FRAC: tl.constexpr, BLOCK: tl.constexpr):
+    """y = ldexp_c(int64_to_f32(s), k) and q = to_fixed(y, expo(y), FRAC)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    s = tl.load(s_ptr + offs, mask=mask, other=0)
+    k = tl.load(k_ptr + offs, mask=mask, other=0)
+    y = E.ldexp_c(E.int64_to_f32(s), k)
+    tl.store(y_ptr + offs, y, mask=mask)
+    tl.store(q_ptr + offs, E.to_fixed(y, E.expo_f32(y), FRAC), mask=mask)
+
+
+@triton.jit
+def _prim_grid_kernel(x_ptr, e_ptr, d_ptr, n, BLOCK: tl.constexpr):
+    """Digits of ``RNE(x * 2**(20 - e))``: d[0..2] planes of int8."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = E.upcast(tl.load(x_ptr + offs, mask=mask, other=0.0))
+    e = tl.load(e_ptr + offs, mask=mask, other=0)
+    d0, d1, d2 = E.split3(E.grid_int(x, e))
+    tl.store(d_ptr + offs, d0, mask=mask)
+    tl.store(d_ptr + n + offs, d1, mask=mask)
+    tl.store(d_ptr + 2 * n + offs, d2, mask=mask)
+
+
+_BLOCK = 1024
+
+
+def prim_f32(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Apply primitive ``name`` elementwise to fp32 ``x`` (1-D contiguous)."""
+    op = F32_PRIMS[name]
+    out_dtype = {2: torch.int32, 3: torch.bfloat16, 4: torch.float16}.get(op, torch.float32)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    n = x.numel()
+    _prim_f32_kernel[(triton.cdiv(n, _BLOCK),)](x, y, n, OP=op, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return y
+
+
+def prim_int(s: torch.Tensor, k: torch.Tensor, frac: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    q = torch.empty(s.shape, dtype=torch.int64, device=s.device)
+    n = s.numel()
+    _prim_int_kernel[(triton.cdiv(n, _BLOCK),)](s, k, y, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return y, q
+
+
+def prim_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    d = torch.empty((3,) + tuple(x.shape), dtype=torch.int8, device=x.device)
+    n = x.numel()
+    _prim_grid_kernel[(triton.cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return d
+
+
+#: static-check specs: (op, case, kernel, signature, constexprs)
+def static_specs() -> list[tuple[str, str, object, dict[str, str], dict[str, object]]]:
+    specs = []
+    for name, code in F32_PRIMS.items():
+        out = {2: "*i32", 3: "*bf16", 4: "*fp16"}.get(code, "*fp32")
+        specs.append(("primitives", name, _prim_f32_kernel,
+                      {"x_ptr": "*fp32", "y_ptr": out, "n": "i32", "OP": "constexpr", "BLOCK": "constexpr"},
+                      {"OP": code, "BLOCK": _BLOCK}))
+    specs.append(("primitives", "int64_to_f32+ldexp_c+to_fixed", _prim_int_kernel,
+                  {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "q_ptr": "*i64", "n": "i32",
+                   "FRAC": "constexpr", "BLOCK": "constexpr"}, {"FRAC": 40, "BLOCK": _BLOCK}))
+    specs.append(("primitives", "grid_digits", _prim_grid_kernel,
+                  {"x_ptr": "*bf16", "e_ptr": "*i32", "d_ptr": "*i8", "n": "i32", "BLOCK": "constexpr"},
+                  {"BLOCK": _BLOCK}))
+    return specs

@@ -1,0 +1,342 @@
+"""``linear`` on Triton: the exact digit GEMM on int8 tensor cores (contract ``linear`` v1, P5).
+
+``y = x @ weight.T (+ bias)`` with x [M, K], weight [N, K] (bf16/fp16):
+
+1. ``_linear_digits_kernel`` (one program per row, strided reads): the row exponent
+   ``expo(max |row|)`` (or the sentinel 2**20 for a row holding NaN/inf), then the 21-bit grid
+   ``RNE(row * 2**(20 - e))`` split into three balanced base-128 digits, written as int8 planes
+   ``[3, rows, K]``. Used for x (every path) and for the weight on the prefill path.
+2. ``_linear_gemm_kernel``: a BLOCK_M x BLOCK_N tile of ``C = X @ Wt.T``. Per K step it loads the
+   three x digit tiles and three weight digit tiles and runs the nine ``tl.dot(int8, int8,
+   out_dtype=int32)`` products into five int32 level accumulators (level a+b; |level sum| <=
+   3 * 64 * 64 per k, so int32 is exact for K chunks of 2**16), which are folded into one int64
+   accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue is P3 + P2 (+ bias, cast)
+   or, for ``linear_partial``, the int64 ``C`` itself.
+   Decode path (M <= 64, ``W_DIGITS=False``): the kernel reads the bf16/fp16 weight itself,
+   first the row exponents of its BLOCK_N weight rows (pass 1), then each tile again (from L2),
+   making the digits in registers: the weight never exists as int8 planes in memory.
+
+Every product is an exact integer, so any tiling, K order or split gives the same ``C``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernel import dispatch
+
+from . import _tl_exact as E
+from ._common import LAUNCH, OUT_CODE
+
+GRID = 20
+SENTINEL = 1 << 20
+MAX_K = 1 << 22
+#: int32 level accumulators are folded into int64 every K_CHUNK (3 * 2**12 * 2**16 < 2**31)
+K_CHUNK = 1 << 16
+#: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
+DECODE_MAX_M = 64
+
+#: tile configurations: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+PREFILL_TILES = (128, 64, 128, 8, 3)
+DECODE_BLOCK_N = 32
+DECODE_BLOCK_K = 128
+#: the interpreter runs the same kernels with small tiles (tests set this)
+SMALL_TILES = False
+
+
+@triton.jit
+def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stride,
+                          HAS_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Row exponent (unless given) and the three int8 digit planes of one row."""
+    row = tl.program_id(0).to(tl.int64)
+    base = t_ptr + row * stride_r
+    cols = tl.arange(0, BLOCK_K)
+    if HAS_E:
+        e = tl.load(e_ptr + row).to(tl.int32)
+    else:
+        top = tl.zeros([BLOCK_K], tl.int32)
+        bad = tl.zeros([BLOCK_K], tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            mask = k0 + cols < K
+            v = E.upcast(tl.load(base + (k0 + cols) * stride_k, mask=mask, other=0.0))
+            fin = E.is_finite(v)
+            top = tl.maximum(top, tl.where(fin & mask, E.abs_bits(v), 0))
+            bad = tl.maximum(bad, (~fin & mask).to(tl.int32))
+        e = E.expo_from_abs_bits(tl.max(top, axis=0))
+        e = tl.where(tl.max(bad, axis=0) != 0, 1048576, e)
+        tl.store(e_ptr + row, e.to(tl.int64))
+    live = e != 1048576
+    e_safe = tl.where(live, e, 0)
+    out = d_ptr + row * K
+    for k0 in range(0, K, BLOCK_K):
+        mask = k0 + cols < K
+        v = E.upcast(tl.load(base + (k0 + cols) * stride_k, mask=mask, other=0.0))
+        g = tl.where(live, E.grid_int(v, e_safe), 0)
+        d0, d1, d2 = E.split3(g)
+        tl.store(out + k0 + cols, d0, mask=mask)
+        tl.store(out + plane_stride + k0 + cols, d1, mask=mask)
+        tl.store(out + 2 * plane_stride + k0 + cols, d2, mask=mask)
+
+
+@triton.jit
+def _ldexp_clamped(y, k):
+    """P2 for integer-valued fp32 |y| < 2**63 and any k: k clamped to [-252, 254] keeps the bits
+    (below, every such y scales to +-0; above, every nonzero y overflows to +-inf)."""
+    return E.ldexp_c(y, tl.minimum(tl.maximum(k, -252), 254))
+
+
+@triton.jit
+def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
+                        M, N, K, x_plane, w_plane, stride_wn, stride_wk, stride_ym, stride_yn,
+                        W_DIGITS: tl.constexpr, FINISH: tl.constexpr, HAS_BIAS: tl.constexpr, OUT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        K_CHUNK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    ex = tl.load(ex_ptr + rm, mask=m_ok, other=0).to(tl.int32)
+    if W_DIGITS:
+        ew = tl.load(ew_ptr + rn, mask=n_ok, other=0).to(tl.int32)
+    else:
+        # decode path: the weight rows' exponents, from the bf16/fp16 weight itself (pass 1)
+        top = tl.zeros([BLOCK_K, BLOCK_N], tl.int32)
+        bad = tl.zeros([BLOCK_K, BLOCK_N], tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            kmask = (k0 + rk)[:, None] < K
+            wt = E.upcast(tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk,
+                                  mask=kmask & n_ok[None, :], other=0.0))
+            fin = E.is_finite(wt)
+            top = tl.maximum(top, tl.where(fin & kmask, E.abs_bits(wt), 0))
+            bad = tl.maximum(bad, (~fin & kmask).to(tl.int32))
+        ew = E.expo_from_abs_bits(tl.max(top, axis=0))
+        ew = tl.where(tl.max(bad, axis=0) != 0, 1048576, ew)
+    w_live = ew != 1048576
+    ew_safe = tl.where(w_live, ew, 0)
+
+    x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
+    for kc in range(0, K, K_CHUNK):
+        l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        for k0 in range(kc, tl.minimum(kc + K_CHUNK, K), BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            xmask = m_ok[:, None] & k_ok[None, :]
+            xp = x_rows + kk[None, :]
+            a0 = tl.load(xp, mask=xmask, other=0)
+            a1 = tl.load(xp + x_plane, mask=xmask, other=0)
+            a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
+            wmask = k_ok[:, None] & n_ok[None, :]
+            if W_DIGITS:
+                wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
+                b0 = tl.load(wp, mask=wmask, other=0)
+                b1 = tl.load(wp + w_plane, mask=wmask, other=0)
+                b2 = tl.load(wp + 2 * w_plane, mask=wmask, other=0)
+            else:
+                wt = E.upcast(tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+                                      mask=wmask, other=0.0))
+                g = tl.where(w_live[None, :], E.grid_int(wt, ew_safe[None, :]), 0)
+                b0, b1, b2 = E.split3(g)
+            l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+            l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+            l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+            l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+            l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+            l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+            l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+            l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+            l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+        acc += l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+
+    y_ptrs = y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :] * stride_yn
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    if FINISH:
+        x_live = ex != 1048576
+        ex_safe = tl.where(x_live, ex, 0)
+        y = _ldexp_clamped(E.int64_to_f32(acc), ex_safe[:, None] + ew_safe[None, :] - 40)
+        y = tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
+        if HAS_BIAS:
+            y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
+        tl.store(y_ptrs, E.cast_out(y, OUT), mask=out_mask)
+    else:
+        tl.store(y_ptrs, acc, mask=out_mask)
+
+
+@triton.jit
+def _linear_finish_kernel(acc_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr, M, N,
+                          HAS_BIAS: tl.constexpr, OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    mask = m_ok[:, None] & n_ok[None, :]
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    acc = tl.load(acc_ptr + offs, mask=mask, other=0)
+    ex = tl.load(ex_ptr + rm, mask=m_ok, other=0)
+    ew = tl.load(ew_ptr + rn, mask=n_ok, other=0)
+    live = (ex != 1048576)[:, None] & (ew != 1048576)[None, :]
+    # exponents are int64 in [-148, 128] (or the sentinel): clamp before narrowing
+    k = tl.where(live, ex[:, None] + ew[None, :] - 40, 0)
+    k = tl.minimum(tl.maximum(k, -252), 254).to(tl.int32)
+    y = E.ldexp_c(E.int64_to_f32(acc), k)
+    y = tl.where(live, y, E.canonical_nan_f32(y))
+    if HAS_BIAS:
+        y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
+    tl.store(y_ptr + offs, E.cast_out(y, OUT), mask=mask)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _check_k(op: str, k: int) -> None:
+    if k > MAX_K:
+        raise ValueError(f"{op}: K={k} exceeds the exact-sum bound 2**22 = {MAX_K} of the digit matmul "
+                         f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards")
+
+
+def _digits(t: torch.Tensor, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 digit planes [3, R, K] of the rows of t [R, K] (any strides) and their exponents (int64 [R])."""
+    rows, k = t.shape
+    d = torch.empty((3, rows, k), dtype=torch.int8, device=t.device)
+    has_e = e is not None
+    if e is None:
+        e = torch.empty(rows, dtype=torch.int64, device=t.device)
+    if rows and k:
+        block = 64 if SMALL_TILES else 1024
+        _linear_digits_kernel[(rows,)](t, e, d, k, t.stride(0), t.stride(1), rows * k, HAS_E=has_e,
+                                       BLOCK_K=block, num_warps=4, **LAUNCH)
+    elif not has_e:
+        e.zero_()
+    return d, e
+
+
+def _tiles(m: int, decode: bool) -> tuple[int, int, int, int, int]:
+    if SMALL_TILES:
+        return 16, 16, 32, 1, 1
+    if decode:
+        bm = max(16, triton.next_power_of_2(m))
+        return bm, DECODE_BLOCK_N, DECODE_BLOCK_K, 4, 2
+    return PREFILL_TILES
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
+          bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    finish = out_dtype is not None
+    decode = m <= DECODE_MAX_M and ew_given is None and weight.dtype in (torch.bfloat16, torch.float16)
+    xd, ex = _digits(x, ex_given)
+    if decode:
+        wd, ew = weight, torch.empty(0, dtype=torch.int64, device=x.device)
+        dispatch.note_kernel("triton-int8-decode")
+    else:
+        wd, ew = _digits(weight, ew_given)
+        dispatch.note_kernel("triton-int8")
+    y = torch.empty((m, n), dtype=out_dtype if finish else torch.int64, device=x.device)
+    if m == 0 or n == 0:
+        return y, ex, ew
+    if k == 0:
+        if finish:
+            return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
+                           ex, torch.zeros(n, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
+        return y.zero_(), ex, ew
+    bm, bn, bk, warps, stages = _tiles(m, decode)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    has_bias = bias is not None
+    _linear_gemm_kernel[grid](
+        xd, wd, ex, ew if not decode else ex, bias if has_bias else y, y,
+        m, n, k, m * k, n * k, weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
+        W_DIGITS=not decode, FINISH=finish, HAS_BIAS=has_bias, OUT=OUT_CODE[out_dtype] if finish else 0,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+    return y, ex, ew
+
+
+def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    m, n = acc.shape
+    y = torch.empty((m, n), dtype=out_dtype, device=acc.device)
+    if m == 0 or n == 0:
+        return y
+    acc = acc.contiguous()
+    bm, bn = 32, 64
+    _linear_finish_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        acc, ex.contiguous(), ew.contiguous(), bias if bias is not None else y, y, m, n,
+        HAS_BIAS=bias is not None, OUT=OUT_CODE[out_dtype], BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **LAUNCH)
+    return y
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
+
+    Reports the path through ``dispatch.note_kernel``: ``triton-int8`` (digit planes for both
+    operands) or ``triton-int8-decode`` (M <= 64: weight digits made in registers).
+    """
+    _check_k("linear", x.shape[1])
+    bias = bias.contiguous() if bias is not None else None
+    y, _, _ = _gemm(x, weight, None, None, bias, out_dtype or x.dtype)
+    return y
+
+
+def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel ``linear_exponents``: (ex int64 [M], ew int64 [N]), sentinel 2**20 for non-finite rows."""
+    _, ex = _digits(x)
+    _, ew = _digits(weight)
+    return ex, ew
+
+
+def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+    """Kernel ``linear_partial``: exact int64 [M, N] ``C`` on the grids ``ex`` [M], ``ew`` [N]."""
+    _check_k("linear_partial", x.shape[1])
+    y, _, _ = _gemm(x, weight, ex.contiguous(), ew.contiguous(), None, None)
+    return y
+
+
+def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Kernel ``linear_finish``: acc int64 [M, N], ex [M], ew [N] -> [M, N] out_dtype."""
+    return _finish(acc, ex, ew, bias.contiguous() if bias is not None else None, out_dtype)
+
+
+def static_specs():
+    specs = []
+    for dt in ("bf16", "fp16"):
+        specs.append(("linear", f"{dt}_digits", _linear_digits_kernel,
+                      {"t_ptr": f"*{dt}", "e_ptr": "*i64", "d_ptr": "*i8", "K": "i32", "stride_r": "i64",
+                       "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "BLOCK_K": "constexpr"},
+                      {"HAS_E": False, "BLOCK_K": 1024}))
+    base = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
+            "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64", "stride_ym": "i64",
+            "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr", "HAS_BIAS": "constexpr",
+            "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+            "K_CHUNK": "constexpr"}
+    bm, bn, bk, warps, _ = PREFILL_TILES
+    specs.append(("linear", "prefill_gemm_bf16_out_bias", _linear_gemm_kernel,
+                  {**base, "w_ptr": "*i8", "bias_ptr": "*bf16", "y_ptr": "*bf16"},
+                  {"W_DIGITS": True, "FINISH": True, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm, "BLOCK_N": bn,
+                   "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
+    specs.append(("linear", "decode_gemm_bf16_weight_fp32_out", _linear_gemm_kernel,
+                  {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
+                  {"W_DIGITS": False, "FINISH": True, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
+                   "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
+    specs.append(("linear", "partial_gemm_int64_out", _linear_gemm_kernel,
+                  {**base, "w_ptr": "*i8", "bias_ptr": "*i64", "y_ptr": "*i64"},
+                  {"W_DIGITS": True, "FINISH": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm, "BLOCK_N": bn,
+                   "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
+    specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
+                  {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",
+                   "M": "i32", "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
+                   "BLOCK_N": "constexpr"},
+                  {"HAS_BIAS": True, "OUT": 2, "BLOCK_M": 32, "BLOCK_N": 64}))
+    return specs

@@ -1,0 +1,151 @@
+"""Static kernel checks: compile every kernel for sm_90 on the CPU and scan the PTX (DESIGN §5).
+
+No GPU is needed: ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
+90, 32))`` produces PTX (and, with ptxas, a cubin). The PTX is scanned for instructions that
+break R1/R2/R3:
+
+- approximate math: ``ex2.approx``, ``lg2.approx``, ``sin/cos/tanh.approx``, ``rcp.approx``,
+  ``rsqrt.approx``, ``sqrt.approx``, ``div.approx``, ``div.full`` (what ``/`` on fp32 becomes);
+- flush-to-zero: any ``.ftz`` modifier;
+- fp32 fused multiply-add (``fma.*.f32``, ``mad.f32``) -- contraction is off everywhere here
+  (the bf16 x bf16 exemption of R1 is not used, so the simple rule is the strict one);
+- fp32 ``add``/``sub``/``mul`` without an explicit rounding modifier: PTX allows ptxas to fuse
+  those into FFMA, so a kernel launched without ``enable_fp_fusion=False`` shows up here;
+- float atomics / reductions (``atom``/``red`` on ``.f16/.bf16/.f32/.f64``): order-dependent sums.
+
+Each op module of this backend exposes ``static_specs()`` -> ``[(op, case, kernel, signature,
+constexprs)]``; :func:`static_checks` compiles each with ``enable_fp_fusion=False`` and returns
+``(op, "sm_90/<case>", passed, detail)`` tuples, which the conformance runner records as kind
+``static``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+#: (name, regex) of forbidden PTX; each is matched against instruction lines only
+FORBIDDEN_PTX: tuple[tuple[str, str], ...] = (
+    ("approx-exp2", r"\bex2\.approx"),
+    ("approx-log2", r"\blg2\.approx"),
+    ("approx-trig", r"\b(sin|cos|tanh)\.approx"),
+    ("approx-rcp", r"\brcp\.approx"),
+    ("approx-rsqrt", r"\brsqrt\.approx"),
+    ("approx-sqrt", r"\bsqrt\.approx"),
+    ("approx-div", r"\bdiv\.(approx|full)"),
+    ("ftz", r"\.ftz\b"),
+    ("fp32-fma", r"\b(fma|mad)(\.\w+)*\.f32\b"),
+    ("contractible-fp32", r"\b(add|sub|mul)(\.sat)?\.f32\b"),
+    ("float-atomic", r"\b(atom|red)(\.\w+)*\.(f16|bf16|f16x2|bf16x2|f32|f64)\b"),
+)
+
+#: the GPU target the checks compile for
+ARCH = 90
+WARP = 32
+
+Spec = tuple[str, str, Callable[..., Any], dict[str, str], dict[str, Any]]
+
+#: modules of this package that contribute static specs (besides the op modules in KERNELS)
+_EXTRA_MODULES = ("_prims",)
+
+
+def triton_version() -> tuple[int, int]:
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:
+    """A ``triton.compiler.ASTSource`` for ``fn`` in the format of the installed Triton.
+
+    ``signature`` maps every argument name to a type string (``"*fp32"``, ``"i32"``) or
+    ``"constexpr"``; ``constexprs`` maps constexpr names to values.
+    """
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    missing = [n for n in names if n not in signature]
+    if missing:
+        raise ValueError(f"static check of {fn.__name__}: signature lacks arguments {missing}")
+    if triton_version() >= (3, 3):
+        # Triton >= 3.3 (3.6 on the H200, 3.9 in CI): every argument is in the signature (a
+        # constexpr as "constexpr"); constexpr values are keyed by argument-index tuples.
+        sig = {n: signature[n] for n in names}
+        consts = {(names.index(k),): v for k, v in constexprs.items()}
+        return ASTSource(fn, sig, consts)
+    # Triton 3.0-3.2: the signature lists the non-constexpr arguments by index; constants by index
+    sig = {i: signature[n] for i, n in enumerate(names) if signature[n] != "constexpr"}
+    consts = {names.index(k): v for k, v in constexprs.items()}
+    return ASTSource(fn, sig, consts)
+
+
+def compile_ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], *, arch: int = ARCH,
+                enable_fp_fusion: bool = False, num_warps: int = 4) -> str:
+    """Compile ``fn`` for ``sm_<arch>`` without a GPU and return its PTX."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    src = make_source(fn, signature, constexprs)
+    options = {"enable_fp_fusion": enable_fp_fusion, "num_warps": num_warps}
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, WARP), options=options)
+    return compiled.asm["ptx"]
+
+
+def _instruction_lines(ptx: str) -> Iterable[str]:
+    for line in ptx.splitlines():
+        s = line.strip()
+        if not s or s.startswith(("//", ".")):  # comments and directives (.reg, .loc, .file, ...)
+            continue
+        yield s.split("//")[0]
+
+
+def scan_ptx(ptx: str) -> list[str]:
+    """Forbidden-instruction findings in ``ptx``: ``"<rule>: <line>"`` (empty when clean)."""
+    findings = []
+    for line in _instruction_lines(ptx):
+        for rule, pattern in FORBIDDEN_PTX:
+            if re.search(pattern, line):
+                findings.append(f"{rule}: {line.strip()}")
+    return findings
+
+
+def all_specs() -> list[Spec]:
+    """Every (op, case, kernel, signature, constexprs) this backend compiles for the checks."""
+    from . import KERNELS
+
+    modules = list(_EXTRA_MODULES)
+    for target in KERNELS.values():
+        mod = target.split(":")[0]
+        if mod not in modules:
+            modules.append(mod)
+    specs: list[Spec] = []
+    for mod in modules:
+        module = importlib.import_module(f"{__package__}.{mod}")
+        fn = getattr(module, "static_specs", None)
+        if fn is not None:
+            specs.extend(fn())
+    return specs
+
+
+def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[str, str, bool, str]]:
+    """Compile every kernel for ``sm_<arch>`` and scan it: ``[(op, case, passed, detail)]``.
+
+    A kernel that fails to compile is a failed check (with the error as detail), never a pass.
+    """
+    results = []
+    for op, case, fn, signature, constexprs in all_specs():
+        if ops and op not in ops:
+            continue
+        name = f"sm_{arch}/{case}"
+        try:
+            ptx = compile_ptx(fn, signature, constexprs, arch=arch)
+        except Exception as exc:  # reported as a failed check, with the reason
+            results.append((op, name, False, f"compile failed: {type(exc).__name__}: {str(exc)[:500]}"))
+            continue
+        findings = scan_ptx(ptx)
+        detail = "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")
+        results.append((op, name, not findings, detail or f"clean ({len(ptx.splitlines())} PTX lines)"))
+    return results

@@ -1,0 +1,46 @@
+"""Device-generic rotate-half RoPE: gather the table rows, two products and one add per output.
+
+Tokens are processed in chunks of about :data:`CHUNK_ELEMENTS` elements; each token depends
+only on its own values and table row, so chunking cannot change a bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernel.backends.generic._exact.fp32 import canonical_nan
+
+CHUNK_ELEMENTS = 1 << 22
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``y1 = RN(RN(x1*c) - RN(x2*s))``, ``y2 = RN(RN(x2*c) + RN(x1*s))``, ``c, s = cos[p], sin[p]``.
+
+    Parameters
+    ----------
+    x : Tensor, bfloat16/float16/float32, [T, n_heads, D] or [T, D]
+    positions : Tensor, int64, [T], each < cos.shape[0]
+    cos, sin : Tensor, float32, [max_position, D // 2]
+        The contract's host tables, on x's device.
+
+    Returns
+    -------
+    Tensor, x's dtype, x's shape
+    """
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    half = x.shape[-1] // 2
+    per_token = x[0].numel()
+    step = max(1, CHUNK_ELEMENTS // per_token)
+    for start in range(0, x.shape[0], step):
+        pos = positions[start:start + step]
+        c, s = cos.index_select(0, pos), sin.index_select(0, pos)
+        if x.dim() == 3:
+            c, s = c.unsqueeze(1), s.unsqueeze(1)
+        xf = x[start:start + step].to(torch.float32)
+        x1, x2 = xf[..., :half], xf[..., half:]
+        y = out[start:start + step]
+        y[..., :half] = canonical_nan((x1 * c - x2 * s).to(x.dtype))
+        y[..., half:] = canonical_nan((x2 * c + x1 * s).to(x.dtype))
+    return out

@@ -1,0 +1,168 @@
+"""The ``rlkernel`` command: ``info``, ``conformance`` and ``bench``.
+
+The CLI parses arguments, calls the library and prints; the work is done in
+:mod:`rlkernel.conformance.runner`, :mod:`rlkernel.conformance.report` and :mod:`rlkernel.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _cuda_arch(index: int) -> str:
+    # when using hip devices, the device type in pytorch is "cuda": name the gfx target instead
+    if getattr(torch.version, "hip", None):
+        return str(getattr(torch.cuda.get_device_properties(index), "gcnArchName", "gfx?"))
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print versions, devices, backends (probe, devices, levels, kernel count) and contracts."""
+    import platform
+
+    from rlkernel import __version__
+    from rlkernel.environment import cpu_model, package_version
+
+    print(f"rlkernel {__version__}  torch {torch.__version__}  triton {package_version('triton')}  "
+          f"python {platform.python_version()}")
+    print("devices:")
+    print(f"  cpu: {cpu_model()} ({platform.machine()})")
+    if torch.cuda.is_available():  # CUDA (or ROCm presenting itself as cuda) only; no other vendor is touched
+        for i in range(torch.cuda.device_count()):
+            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)})")
+    print("backends:")
+    try:
+        from rlkernel.registry import all_backends, probe_results
+
+        backends = all_backends()
+        probes = probe_results()
+    except Exception as exc:  # a broken built-in is shown, and the exit status says so
+        print(f"  failed to load the backends: {type(exc).__name__}: {exc}")
+        backends, probes, status = {}, {}, EXIT_FAILED
+    else:
+        status = EXIT_OK
+    for name, backend in backends.items():
+        ok, reason = probes.get(name, (False, "not probed"))
+        levels = ", ".join(f"{arch}={level}" for arch, level in backend.verification.items()) or "unverified"
+        print(f"  {name:<10} {'usable' if ok else 'unusable':<9} devices={','.join(backend.device_types)}  "
+              f"kernels={len(backend.kernels)}  levels: {levels}  ({reason})")
+    for name, (ok, reason) in probes.items():
+        if name not in backends:
+            print(f"  {name:<10} {'usable' if ok else 'unusable':<9} ({reason})")
+    print("contracts:")
+    from rlkernel.contracts import load_contracts
+
+    modules, missing = load_contracts()
+    for name, module in modules.items():
+        contract = module.CONTRACT
+        print(f"  {name:<17} v{contract.version}  {contract.summary}")
+    for name in missing:
+        print(f"  {name:<17} (not present)")
+    return status
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """Run the conformance suite, write the reports, print failures and ``N passed, N failed``."""
+    from rlkernel.conformance import report, runner
+    from rlkernel.conformance.progress import StreamProgress
+
+    config = runner.RunConfig(backend=args.backend, device=args.device, ops=args.op, cases=args.case,
+                              full=args.full, manifest_path=args.manifest)
+    try:
+        result = runner.run(config, progress=StreamProgress(sys.stderr))
+    except (ValueError, RuntimeError) as exc:
+        print(f"rlkernel conformance: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    paths = report.write(result, Path(args.out), command=["rlkernel", *sys.argv[1:]])
+    if result.missing_contracts:
+        print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
+    for r in result.records:
+        if r.failed:
+            print(f"{r.status.upper()} {r.op}/{r.case} ({r.kind}): {r.detail}")
+            if r.repro:
+                print(f"  reproduce: {r.repro}")
+    print(f"backend {result.backend} on {result.device} ({result.architecture}); reports: "
+          + ", ".join(str(p) for p in paths.values()))
+    if not result.records:
+        print("rlkernel conformance: no case ran; check --op/--case and that the contracts are present",
+              file=sys.stderr)
+    print(result.final_line())
+    return EXIT_OK if result.records and result.ok else EXIT_FAILED
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmark rlkernel ops against native PyTorch; write ``bench.json`` and ``bench.md``."""
+    from rlkernel import bench
+    from rlkernel.contracts import load_contracts
+
+    try:
+        device = torch.device(args.device) if args.device else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        modules, missing = load_contracts(args.op)
+    except (ValueError, RuntimeError) as exc:
+        print(f"rlkernel bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.op and missing:
+        print(f"rlkernel bench: contract module(s) {missing} do not exist yet", file=sys.stderr)
+        return EXIT_USAGE
+    if args.repeat < 1:
+        print(f"rlkernel bench: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
+        return EXIT_USAGE
+    doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing)
+    paths = bench.write(doc, Path(args.out))
+    print(bench.markdown(doc), end="")
+    errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])
+    print(f"{len(doc['rows'])} bench cases, {errors} with errors; wrote " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkernel", description="Bitwise-reproducible kernels for RL post-training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="versions, devices, backends and contracts")
+    info.set_defaults(func=cmd_info)
+
+    conf = sub.add_parser("conformance", help="run the conformance suite against a backend")
+    conf.add_argument("--backend", help="backend name, or 'reference' to check the reference against the "
+                      "manifest (default: the backend serving the default device)")
+    conf.add_argument("--device", help="device under test: cpu, cuda, cuda:1, ... (default: cuda if available, "
+                      "else cpu)")
+    conf.add_argument("--out", default="conformance-report", help="report directory (default: %(default)s)")
+    conf.add_argument("--op", action="append", help="contract module to run (repeatable; default: all present)")
+    conf.add_argument("--case", action="append", help="case name to run (repeatable; default: all)")
+    mode = conf.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="full", action="store_false", help="skip full_only cases (default)")
+    mode.add_argument("--full", dest="full", action="store_true", help="run every case, large shapes included")
+    conf.add_argument("--manifest", type=Path, default=None, help="golden manifest (default: the packaged one)")
+    conf.set_defaults(func=cmd_conformance, full=False)
+
+    bench = sub.add_parser("bench", help="time rlkernel ops against native PyTorch ops")
+    bench.add_argument("--op", action="append", help="contract module to bench (repeatable; default: all present)")
+    bench.add_argument("--device", help="device (default: cuda if available, else cpu)")
+    bench.add_argument("--out", default="bench-report", help="output directory (default: %(default)s)")
+    bench.add_argument("--repeat", type=int, default=10,
+                       help="timed calls per side on the CPU; on CUDA do_bench runs 10*N ms (default: %(default)s)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rlkernel`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

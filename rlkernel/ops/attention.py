@@ -1,0 +1,268 @@
+"""``rlkernel.ops.attention`` and ``attention_paged``: bitwise-reproducible attention over packed
+sequences with a KV cache and over a paged KV cache (contract ``attention`` v1)."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+
+from rlkernel import _validate as val
+from rlkernel import dispatch
+from rlkernel.contracts.attention import MAX_KEYS, resolve_scale
+
+_INTS = (torch.int32, torch.int64)
+
+_SEMANTICS = """
+    Bitwise semantics
+    -----------------
+    Query head h reads KV head ``h // (Hq // Hkv)``. Query i of a sequence (0-based in its
+    segment) may attend keys ``0 .. lk - lq + i`` when causal (bottom-right aligned: prefill
+    ``lq = lk``, decode ``lq = 1``, chunked prefill ``lq < lk``), all ``lk`` keys otherwise. Per
+    query row and head, each fp32 operation one IEEE round-to-nearest-even:
+    ``s_j = RN32(digit_dot(q, k_j) * scale_f)`` (P5: 21-bit row grids, exact integer dot,
+    ``scale_f = RN32(scale)`` or the correctly rounded ``RN32(1/sqrt(D))``);
+    ``m = max s_j`` (NaN propagates); ``p_j = exp_c(s_j - m)``;
+    V rows on their own grids ``Vint_j = RNE(v_j 2**(20 - e_j))``, ``E = max e_j`` over the
+    allowed non-zero rows; ``L = sum RNE(p_j 2**20)``, ``O = sum RNE(p_j 2**(20 + e_j - E)) Vint_j``
+    (exact int64); ``out = RN_dtype(ldexp_c(fp32(O), E - 40) ÷ ldexp_c(fp32(L), -20))``.
+    NaN (canonical) when the row's q, an allowed k or v row holds NaN/inf, or scores
+    overflow to +inf. Every quantity depends only on the query row and its allowed keys, so
+    packing, permuting sequences, chunked prefill, decode, KV block size and split-KV give
+    the same bits. Contract ``attention`` v1 (``rlkernel.contracts.attention``).
+"""
+
+
+def _int_vector(op: str, name: str, t: object, length: int | None, what: str) -> torch.Tensor:
+    t = val.tensor(op, name, t)
+    val.dtype(op, name, t, _INTS)
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = f"[{length}]" if length is not None else "[n]"
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected a 1-D tensor {want} ({what})")
+    return t
+
+
+def _cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, axis: str) -> list[int]:
+    c = [int(x) for x in cu.tolist()]
+    if not c:
+        raise ValueError(f"{op}: {name} is empty; expected [B + 1] offsets starting at 0 (use [0] for no sequences)")
+    if c[0] != 0:
+        raise ValueError(f"{op}: {name}[0] = {c[0]}; expected 0 (offsets of the packed {axis} rows)")
+    for i in range(len(c) - 1):
+        if c[i + 1] < c[i]:
+            raise ValueError(f"{op}: {name} decreases at index {i + 1} ({c[i]} -> {c[i + 1]}); "
+                             f"expected non-decreasing offsets (cumulative lengths)")
+    if c[-1] != total:
+        raise ValueError(f"{op}: {name}[-1] = {c[-1]} but {axis} has {total} rows; expected the last "
+                         f"offset to equal the number of packed rows")
+    return c
+
+
+def _scale(op: str, scale: object, head_dim: int) -> float:
+    if scale is None:
+        return resolve_scale(None, head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, Real):
+        raise TypeError(f"{op}: scale must be a Python float or None, got {type(scale).__name__}; "
+                        f"pass e.g. scale=1/math.sqrt(head_dim), or None for that default")
+    value = resolve_scale(float(scale), head_dim)
+    if not math.isfinite(value):
+        raise ValueError(f"{op}: scale = {scale!r} is not finite in fp32; expected a finite value "
+                         f"(|scale| < 3.4e38)")
+    return value
+
+
+def _heads(op: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, vv: torch.Tensor,
+           hkv_axis: int) -> None:
+    val.dtype(op, "q", q, val.HALF)
+    val.same_dtype(op, "q", q, k_name, k)
+    val.same_dtype(op, "q", q, v_name, vv)
+    if k.shape != vv.shape:
+        raise ValueError(f"{op}: {k_name} has shape {tuple(k.shape)} but {v_name} has shape {tuple(vv.shape)}; "
+                         f"expected equal shapes")
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k.shape[hkv_axis]
+    if k.shape[-1] != d:
+        raise ValueError(f"{op}: {k_name} has head_dim {k.shape[-1]} but q has head_dim {d}; expected equal")
+    if d < 1:
+        raise ValueError(f"{op}: head_dim is 0; expected D >= 1")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"{op}: q has {hq} heads and {k_name} has {hkv}; expected Hq to be a positive multiple "
+                         f"of Hkv (grouped-query attention: query head h reads KV head h // (Hq // Hkv))")
+
+
+def _lengths_ok(op: str, q_lens: list[int], k_lens: list[int], causal: bool) -> None:
+    for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+        if lk > MAX_KEYS:
+            raise ValueError(f"{op}: sequence {b} has {lk} keys, above the exact-sum bound {MAX_KEYS} (2**22) of "
+                             f"int64 accumulation (R_ij, Vint <= 2**20); split the context")
+        if causal and lk < lq:
+            raise ValueError(f"{op}: sequence {b} has {lq} queries but {lk} keys; causal attention (bottom-right "
+                             f"aligned) needs lk >= lq: the keys must include the queries' own positions")
+
+
+def _same_device(op: str, device: torch.device, items: list[tuple[str, torch.Tensor]]) -> None:
+    for name, t in items:
+        if t.device != device and t.device.type != "cpu":
+            raise ValueError(f"{op}: {name} is on {t.device} but q is on {device}; expected it on {device} "
+                             f"(or on the CPU)")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+              cu_seqlens_k: torch.Tensor, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Attention over packed (varlen) sequences with a KV cache, the same bits on every backend.
+
+    ``out_i = sum_{j in A_i} softmax_j(scale * q_i . k_j) v_j`` (exact construction below)
+
+    Parameters
+    ----------
+    q : Tensor, bfloat16/float16, [Tq, Hq, D]
+        Queries of all sequences, packed by ``cu_seqlens_q``. Any strides (e.g. a slice of a
+        fused qkv projection): read in place, never copied whole.
+    k : Tensor, q's dtype, [Tk, Hkv, D]
+        Keys of all sequences, packed by ``cu_seqlens_k``: each sequence's whole context (cached
+        keys followed by the new ones). Any strides.
+    v : Tensor, q's dtype, [Tk, Hkv, D]
+        Values, laid out like ``k``.
+    cu_seqlens_q : Tensor, int32/int64, [B + 1]
+        Offsets of the query segments: ``0 = c_0 <= c_1 <= ... <= c_B = Tq``. A sequence may have
+        no queries (``lq = 0``). On q's device or the CPU (read on the host).
+    cu_seqlens_k : Tensor, int32/int64, [B + 1]
+        Offsets of the key segments, ending at Tk.
+    scale : float, optional
+        Score scale, rounded once to fp32. Default ``RN32(1 / sqrt(D))``, correctly rounded.
+    causal : bool
+        Bottom-right aligned causal mask (default True); needs ``lk >= lq`` per sequence.
+
+    Returns
+    -------
+    Tensor, q's dtype, [Tq, Hq, D], contiguous
+
+    Raises
+    ------
+    TypeError
+        A tensor has the wrong dtype (q, k, v must be one of bfloat16/float16, all equal;
+        offsets int32/int64), or scale/causal has the wrong type.
+    ValueError
+        Shapes disagree, Hq is not a multiple of Hkv, offsets are not cumulative lengths ending
+        at Tq/Tk, a causal sequence has fewer keys than queries, a sequence has more than 2**22
+        keys, devices differ, or scale is not finite in fp32.
+    """
+    op = "attention"
+    q = val.tensor(op, "q", q)
+    k = val.tensor(op, "k", k)
+    v = val.tensor(op, "v", v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            axes = "[Tq, Hq, D]" if name == "q" else "[Tk, Hkv, D]"
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected {axes} (packed tokens, heads, "
+                             f"head_dim). For a batch [B, T, H, D], flatten it to [B*T, H, D] with cu_seqlens")
+    _heads(op, q, "k", k, "v", v, hkv_axis=1)
+    b_plus_1 = None
+    cu_q = _int_vector(op, "cu_seqlens_q", cu_seqlens_q, b_plus_1, "B + 1 query offsets")
+    cu_k = _int_vector(op, "cu_seqlens_k", cu_seqlens_k, cu_q.shape[0], "B + 1 key offsets, like cu_seqlens_q")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    device = val.same_device(op, [("q", q), ("k", k), ("v", v)])
+    _same_device(op, device, [("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)])
+    cq = _cu_seqlens(op, "cu_seqlens_q", cu_q, q.shape[0], "q")
+    ck = _cu_seqlens(op, "cu_seqlens_k", cu_k, k.shape[0], "k")
+    q_lens = [cq[i + 1] - cq[i] for i in range(len(cq) - 1)]
+    k_lens = [ck[i + 1] - ck[i] for i in range(len(ck) - 1)]
+    _lengths_ok(op, q_lens, k_lens, causal)
+    return dispatch.call(op, device, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                         scale=_scale(op, scale, q.shape[2]), causal=causal)
+
+
+def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens_k: torch.Tensor, cu_seqlens_q: torch.Tensor, scale: float | None = None,
+                    causal: bool = True) -> torch.Tensor:
+    """Attention over a block-paged KV cache (vLLM layout): the bits of :func:`attention` on the
+    gathered contiguous keys.
+
+    ``out = attention(q, gather(k_cache), gather(v_cache), cu_seqlens_q, cumsum(seq_lens_k))``
+
+    Parameters
+    ----------
+    q : Tensor, bfloat16/float16, [Tq, Hq, D]
+        Queries, packed by ``cu_seqlens_q`` (decode: one row per sequence). Any strides.
+    k_cache : Tensor, q's dtype, [num_blocks, block_size, Hkv, D]
+        Paged keys: position ``pos`` of sequence b is at block ``block_table[b, pos // block_size]``,
+        slot ``pos % block_size``.
+    v_cache : Tensor, q's dtype, [num_blocks, block_size, Hkv, D]
+        Paged values, same layout.
+    block_table : Tensor, int32/int64, [B, max_blocks]
+        Physical block of each logical block. Entries past ``ceil(seq_lens_k[b] / block_size)``
+        are not read (any value, e.g. -1 padding); the entries in use must lie in
+        ``[0, num_blocks)``.
+    seq_lens_k : Tensor, int32/int64, [B]
+        Context length (keys) of each sequence, including the new tokens' own keys.
+    cu_seqlens_q : Tensor, int32/int64, [B + 1]
+        Offsets of the query segments, ending at Tq.
+    scale : float, optional
+        As in :func:`attention`.
+    causal : bool
+        As in :func:`attention` (needs ``seq_lens_k[b] >= lq_b``).
+
+    Returns
+    -------
+    Tensor, q's dtype, [Tq, Hq, D], contiguous
+
+    Raises
+    ------
+    TypeError
+        Wrong dtypes (see :func:`attention`), or scale/causal of the wrong type.
+    ValueError
+        Shapes disagree, a used block_table entry is out of range, a sequence is longer than
+        its table row covers, lengths break the causal or 2**22 bounds, devices differ.
+    """
+    op = "attention_paged"
+    q = val.tensor(op, "q", q)
+    k_cache = val.tensor(op, "k_cache", k_cache)
+    v_cache = val.tensor(op, "v_cache", v_cache)
+    if q.dim() != 3:
+        raise ValueError(f"{op}: q has shape {tuple(q.shape)}; expected [Tq, Hq, D]")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected [num_blocks, block_size, Hkv, D] "
+                             f"(vLLM's paged layout)")
+    _heads(op, q, "k_cache", k_cache, "v_cache", v_cache, hkv_axis=2)
+    block_size = k_cache.shape[1]
+    if block_size < 1:
+        raise ValueError(f"{op}: k_cache has block_size 0 (shape {tuple(k_cache.shape)}); expected >= 1")
+    table = val.tensor(op, "block_table", block_table)
+    val.dtype(op, "block_table", table, _INTS)
+    if table.dim() != 2:
+        raise ValueError(f"{op}: block_table has shape {tuple(table.shape)}; expected [B, max_blocks]")
+    lens = _int_vector(op, "seq_lens_k", seq_lens_k, table.shape[0], "one context length per block_table row")
+    cu_q = _int_vector(op, "cu_seqlens_q", cu_seqlens_q, table.shape[0] + 1, "B + 1 query offsets")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    device = val.same_device(op, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
+    _same_device(op, device, [("block_table", table), ("seq_lens_k", lens), ("cu_seqlens_q", cu_q)])
+    cq = _cu_seqlens(op, "cu_seqlens_q", cu_q, q.shape[0], "q")
+    k_lens = [int(x) for x in lens.tolist()]
+    q_lens = [cq[i + 1] - cq[i] for i in range(len(cq) - 1)]
+    num_blocks, max_blocks = k_cache.shape[0], table.shape[1]
+    host_table = table.to("cpu", torch.int64)
+    for b, n in enumerate(k_lens):
+        if n < 0:
+            raise ValueError(f"{op}: seq_lens_k[{b}] = {n}; expected a length >= 0")
+        used = -(-n // block_size)
+        if used > max_blocks:
+            raise ValueError(f"{op}: sequence {b} has {n} keys = {used} blocks of {block_size} but block_table has "
+                             f"{max_blocks} columns; widen block_table")
+        row = host_table[b, :used]
+        bad = ((row < 0) | (row >= num_blocks)).nonzero()
+        if len(bad):
+            j = int(bad[0])
+            raise ValueError(f"{op}: block_table[{b}, {j}] = {int(row[j])} is out of range for a cache of "
+                             f"{num_blocks} blocks; expected entries in [0, {num_blocks}) for the "
+                             f"{used} blocks that sequence {b} uses")
+    _lengths_ok(op, q_lens, k_lens, causal)
+    return dispatch.call(op, device, q=q, k_cache=k_cache, v_cache=v_cache, block_table=table, seq_lens_k=lens,
+                         cu_seqlens_q=cu_q, scale=_scale(op, scale, q.shape[2]), causal=causal)
+
+
+attention.__doc__ = (attention.__doc__ or "") + _SEMANTICS
+attention_paged.__doc__ = (attention_paged.__doc__ or "") + _SEMANTICS

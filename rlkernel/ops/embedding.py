@@ -1,0 +1,83 @@
+"""Public ``embedding``: the token-embedding row gather (contract ``embedding`` v1)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernel import _validate as v
+from rlkernel import dispatch
+
+__all__ = ["embedding"]
+
+
+class _NoBackward(torch.autograd.Function):
+    """Forward is the gather; backward raises (an exact scatter-add is not part of contract v1)."""
+
+    @staticmethod
+    def forward(ctx, ids, weight):  # type: ignore[no-untyped-def,override]
+        return dispatch.call("embedding", weight.device, ids=ids, weight=weight)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        raise RuntimeError(
+            "rlkernel.ops.embedding: backward is not implemented. Its gradient is a scatter-add of the "
+            "output gradients into weight rows, which torch computes with float atomics in an order that "
+            "varies between runs and devices, so rlkernel does not offer it silently. Freeze the embedding "
+            "(weight.requires_grad_(False)) or compute the gradient with an exact sum of your own"
+        )
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Gather rows of an embedding table, bit for bit.
+
+    ``out[..., :] = weight[ids[...], :]``
+
+    Parameters
+    ----------
+    ids : Tensor, int64 or int32, [*]
+        Token ids in ``[0, V)``; any shape (0-d and empty included), any layout.
+    weight : Tensor, float32, bfloat16 or float16, [V, H]
+
+    Returns
+    -------
+    Tensor, weight.dtype, [*, H]
+
+    Raises
+    ------
+    TypeError
+        ids not int64/int32, weight not a float32/bfloat16/float16 tensor.
+    ValueError
+        weight not 2-D, or an id outside ``[0, V)`` (the message names the first one and V;
+        negative ids are not wrapped).
+
+    Bitwise semantics
+    -----------------
+    No arithmetic: each output row holds the bits of its weight row (-0, subnormals and
+    infinities unchanged), every NaN replaced by the canonical NaN of the dtype (P8). Each row
+    depends only on its own id: invariant to batch composition, order and repeats, and
+    identical under autograd. Backward raises ``RuntimeError`` (not in contract v1).
+
+    Contract: ``embedding``, version 1.
+    """
+    op = "embedding"
+    ids = v.tensor(op, "ids", ids)
+    weight = v.tensor(op, "weight", weight)
+    v.dtype(op, "ids", ids, (torch.int64, torch.int32))
+    v.dtype(op, "weight", weight, v.FLOATS)
+    v.ndim(op, "weight", weight, 2, "[V, H] (vocabulary, hidden)")
+    device = v.same_device(op, [("ids", ids), ("weight", weight)])
+    vocab, hidden = weight.shape
+    flat = ids.reshape(ids.numel())
+    if flat.numel():
+        bad = (flat < 0) | (flat >= vocab)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            where = tuple(int(c) for c in torch.unravel_index(torch.tensor(i), ids.shape)) if ids.dim() else ()
+            raise ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
+                             f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
+                             f"vocabulary size against the embedding table")
+    if torch.is_grad_enabled() and weight.requires_grad:
+        out = _NoBackward.apply(flat, weight)
+    else:
+        out = dispatch.call(op, device, ids=flat, weight=weight)
+    return out.reshape(*ids.shape, hidden)

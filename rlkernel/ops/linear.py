@@ -1,0 +1,337 @@
+"""Public ``linear`` and its tensor-parallel sub-ops (contract ``linear`` v1).
+
+``linear(x, weight, bias=None, out_dtype=None)`` is ``torch.nn.functional.linear`` computed by
+the exact digit matmul: the same inputs give the same output bits on every backend, for every
+batch composition, row order, K order and tensor-parallel degree. The sub-ops
+``linear_exponents``, ``linear_partial`` and ``linear_finish`` split it over shards of K
+(row-parallel TP; :func:`rlkernel.distributed.row_parallel_linear` runs them with
+``torch.distributed``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlkernel import _validate as v
+from rlkernel import dispatch
+
+__all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
+
+#: Largest reduction length: |C| <= K * 2**40 < 2**63.
+MAX_K = 1 << 22
+#: Row exponent of a row holding NaN or +-inf (see :func:`linear_exponents`).
+SENTINEL = 1 << 20
+#: Exponent :func:`linear_exponents` gives an all-zero row (or an empty K-slice): below every
+#: real exponent (``expo`` of fp32 values lies in [-148, 128]), so a MAX over shards ignores it.
+ZERO_EXP = -149
+#: Accepted exponents besides SENTINEL.
+EXP_MIN, EXP_MAX = ZERO_EXP, 128
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [*, K] as [M, K]; M = prod of the leading axes (also when M or K is 0)."""
+    m = 1
+    for s in t.shape[:-1]:
+        m *= int(s)
+    return t.reshape(m, t.shape[-1])
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_operands(op: str, x: object, weight: object) -> tuple[torch.Tensor, torch.Tensor]:
+    x = v.tensor(op, "x", x)
+    weight = v.tensor(op, "weight", weight)
+    if x.dtype == torch.float32 or weight.dtype == torch.float32:
+        which = "x" if x.dtype == torch.float32 else "weight"
+        raise TypeError(
+            f"{op}: {which} has dtype float32; expected bfloat16 or float16. The exact digit matmul puts every "
+            f"row on a 21-bit integer grid, which would round fp32 inputs (24-bit significands) before the "
+            f"product, so the result would not be the product of the values you passed. Cast x and weight to "
+            f"bfloat16 (x.to(torch.bfloat16)) or float16 first, or use torch.nn.functional.linear if you do not "
+            f"need reproducible bits"
+        )
+    v.dtype(op, "x", x, v.HALF)
+    v.dtype(op, "weight", weight, v.HALF)
+    v.same_dtype(op, "x", x, "weight", weight)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected [*, K] with at least one axis")
+    v.ndim(op, "weight", weight, 2, "[N, K]")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)} and weight {tuple(weight.shape)}; the last axis of x "
+                         f"(K = {x.shape[-1]}) must equal weight.shape[1] (K = {weight.shape[1]}). weight is [N, K] "
+                         f"as in torch.nn.functional.linear (y = x @ weight.T)")
+    if x.shape[-1] > MAX_K:
+        raise ValueError(f"{op}: K = {x.shape[-1]} exceeds the exact-sum bound 2**22 = {MAX_K} of the digit matmul "
+                         f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards "
+                         f"(rlkernel.distributed.row_parallel_linear)")
+    return x, weight
+
+
+def _check_bias(op: str, bias: object, n: int) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    bias = v.tensor(op, "bias", bias)
+    v.dtype(op, "bias", bias, _BIAS_DTYPES)
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"{op}: bias has shape {tuple(bias.shape)}; expected [N] = ({n},), one value per output "
+                         f"feature (weight row)")
+    return bias
+
+
+def _check_out_dtype(op: str, out_dtype: object, default: torch.dtype) -> torch.dtype:
+    if out_dtype is None:
+        return default
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{op}: out_dtype is {out_dtype!r}; expected torch.float32, torch.bfloat16 or torch.float16 "
+                        f"(or None for the default {_name(default)})")
+    return out_dtype  # type: ignore[return-value]
+
+
+def _check_exponents(op: str, name: str, e: object, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    e = v.tensor(op, name, e)
+    v.dtype(op, name, e, (torch.int64,))
+    if tuple(e.shape) != shape:
+        raise ValueError(f"{op}: {name} has shape {tuple(e.shape)}; expected {list(shape)} ({what})")
+    bad = ~(((e >= EXP_MIN) & (e <= EXP_MAX)) | (e == SENTINEL))
+    if e.numel() and bool(bad.any()):
+        i = int(bad.reshape(-1).nonzero()[0, 0])
+        raise ValueError(f"{op}: {name} holds {int(e.reshape(-1)[i])} at flat index {i}; expected row exponents in "
+                         f"[{EXP_MIN}, {EXP_MAX}] or the non-finite sentinel 2**20, as linear_exponents returns them "
+                         f"(all-reduced with MAX over the shards)")
+    return e
+
+
+class LinearFunction(torch.autograd.Function):
+    """Autograd for :func:`linear`; the backward runs the same exact digit matmul (documented there)."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, bias, out_dtype):  # type: ignore[no-untyped-def,override]
+        ctx.save_for_backward(x2, weight)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return dispatch.call("linear", x2.device, x=x2, weight=weight, bias=bias, out_dtype=out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        x2, weight = ctx.saved_tensors
+        m, n = grad.shape
+        gy = grad.to(x2.dtype)  # dY rounded to the input dtype (RNE): the digit matmul takes bf16/fp16
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            _backward_bound("dX = dY @ weight", "N (output features)", n)
+            gx = dispatch.call("linear", gy.device, x=gy, weight=weight.T, bias=None, out_dtype=x2.dtype)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            _backward_bound("dW = dY.T @ x", "M (rows)", m)
+        if ctx.needs_input_grad[1]:
+            gw = dispatch.call("linear", gy.device, x=gy.T, weight=x2.T, bias=None, out_dtype=weight.dtype)
+        if ctx.needs_input_grad[2]:
+            ones = torch.ones((1, m), dtype=x2.dtype, device=gy.device)
+            gb = dispatch.call("linear", gy.device, x=gy.T, weight=ones, bias=None, out_dtype=ctx.bias_dtype)
+            gb = gb.reshape(n)
+        return gx, gw, gb, None
+
+
+def _backward_bound(what: str, axis: str, size: int) -> None:
+    if size > MAX_K:
+        raise ValueError(f"linear backward: {what} reduces over {axis} = {size}, above the exact-sum bound "
+                         f"2**22 = {MAX_K}; use smaller micro-batches")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Exact, reproducible ``y = x @ weight.T + bias`` (contract ``linear`` v1).
+
+    ``y_ij = cast(RN32(ldexp_c(RN32(sum_k X_ik Wt_jk), ex_i + ew_j - 40) + bias_j))``
+
+    Parameters
+    ----------
+    x : Tensor, bfloat16 or float16, [*, K]
+        Activations; leading axes are flattened into rows M (M = 0 is allowed). Any layout.
+    weight : Tensor, same dtype as x, [N, K]
+        As in :func:`torch.nn.functional.linear`. K <= 2**22.
+    bias : Tensor, x.dtype or float32, [N], optional
+    out_dtype : torch.dtype, optional
+        ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``; default ``x.dtype``.
+
+    Returns
+    -------
+    Tensor, out_dtype, [*, N]
+
+    Raises
+    ------
+    TypeError
+        float32 (or other) x/weight: the 21-bit grid would round fp32 inputs — cast to bf16/fp16.
+    ValueError
+        Shape mismatch, K > 2**22, bias not [N].
+
+    Bitwise semantics
+    -----------------
+    docs/numerics.md P5: each row of x and of weight is placed on its own 21-bit signed grid
+    relative to its max exponent (``X_ik = RNE(x_ik 2**(20 - ex_i))``), the integer product
+    ``C = X @ Wt.T`` is exact (int64), rounded once to fp32 (P3) and scaled by
+    ``2**(ex_i + ew_j - 40)`` (P2); then one fp32 addition of the bias, and a round-to-nearest-even
+    cast to ``out_dtype`` with canonical NaN. A row of x or of weight holding NaN/inf makes
+    exactly its output row/column NaN. K = 0 gives +0 (+ bias). Accuracy: relative error about
+    1e-6 of the exact product, like fp32 accumulation (docs/accuracy/linear.md).
+
+    Invariances: batch (a row's bits do not depend on the other rows), permutation of rows,
+    reduction order (permuting K of x and weight together), tensor-parallel degree (row- and
+    column-parallel shards), repeat, autograd.
+
+    Backward (deterministic and portable): ``dY`` is rounded to ``x.dtype`` (RNE) as ``dYr``;
+    ``dX = dYr @ weight``, ``dW = dYr.T @ x`` and ``dbias = dYr.T @ 1`` are each computed by this
+    same exact digit matmul (reductions over N, M and M: each at most 2**22) and cast to the
+    dtype of x, weight and bias. The bits depend only on the values, not on the backend or on
+    row order; gradients of separately computed micro-batches are rounded separately.
+
+    Contract: ``linear``, version 1.
+    """
+    op = "linear"
+    x, weight = _check_operands(op, x, weight)
+    n = weight.shape[0]
+    bias = _check_bias(op, bias, n)
+    out = _check_out_dtype(op, out_dtype, x.dtype)
+    device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias)])
+    lead = tuple(x.shape[:-1])
+    x2 = _rows(x)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    if needs_grad:
+        y = LinearFunction.apply(x2, weight, bias, out)
+    else:
+        y = dispatch.call(op, device, x=x2, weight=weight, bias=bias, out_dtype=out)
+    return y.reshape(*lead, n)
+
+
+def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row exponents of one shard's K-slice, for row-parallel ``linear``.
+
+    ``ex_i = expo(max_k |x_ik|)``, ``ew_j = expo(max_k |w_jk|)``; ``2**20`` for a row with NaN/inf, ``-149`` for a zero row
+
+    Parameters
+    ----------
+    x : Tensor, bfloat16 or float16, [*, K_shard]
+    weight : Tensor, same dtype, [N, K_shard]
+
+    Returns
+    -------
+    ex : Tensor, int64, [*]
+    ew : Tensor, int64, [N]
+
+    Bitwise semantics
+    -----------------
+    P1 exponent of each row's largest finite magnitude. An all-zero row (or K_shard = 0) gets
+    ``-149``, below every real exponent, and a row holding any NaN or +-inf gets the sentinel
+    ``2**20``, above every real exponent: an all-reduce MAX over the shards then gives the global
+    exponent of every row (a shard that holds only zeros of a row never raises it) and carries
+    the sentinel. (In :func:`linear` a zero row's exponent affects no bit: its products are 0.)
+    Exponents are integers: any MAX order gives the same result.
+
+    Contract: ``linear`` (sub-op ``linear_exponents``), version 1.
+    """
+    op = "linear_exponents"
+    x, weight = _check_operands(op, x, weight)
+    device = v.same_device(op, [("x", x), ("weight", weight)])
+    ex, ew = dispatch.call(op, device, x=_rows(x), weight=weight)
+    return ex.reshape(x.shape[:-1]), ew
+
+
+def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+    """One shard's exact int64 partial sums ``C = X @ Wt.T`` on the global grids.
+
+    ``C_ij = sum_k RNE(x_ik 2**(20 - ex_i)) * RNE(w_jk 2**(20 - ew_j))``
+
+    Parameters
+    ----------
+    x : Tensor, bfloat16 or float16, [*, K_shard]
+    weight : Tensor, same dtype, [N, K_shard]
+    ex : Tensor, int64, [*]
+        Global row exponents of x: the all-reduce MAX over the shards of
+        :func:`linear_exponents`. Each must be at least the row's own exponent on this shard.
+    ew : Tensor, int64, [N]
+
+    Returns
+    -------
+    Tensor, int64, [*, N]
+
+    Raises
+    ------
+    ValueError
+        An exponent outside [-148, 128] and not the sentinel, or below its row's own exponent
+        (the grid would exceed 21 bits), or K_shard > 2**22.
+
+    Bitwise semantics
+    -----------------
+    Exact integers (|C| <= K_shard 2**40). Rows whose exponent is the sentinel contribute 0
+    (the NaN is applied by :func:`linear_finish`). Summing the partials of every shard in
+    int64 (in any order) gives the ``C`` of ``linear`` on the whole K.
+
+    Contract: ``linear`` (sub-op ``linear_partial``), version 1.
+    """
+    op = "linear_partial"
+    x, weight = _check_operands(op, x, weight)
+    lead, n = tuple(x.shape[:-1]), weight.shape[0]
+    ex = _check_exponents(op, "ex", ex, lead, "one per row of x")
+    ew = _check_exponents(op, "ew", ew, (n,), "one per row of weight")
+    device = v.same_device(op, [("x", x), ("weight", weight), ("ex", ex), ("ew", ew)])
+    x2, ex2 = _rows(x), ex.reshape(-1)
+    own_x, own_w = dispatch.call("linear_exponents", device, x=x2, weight=weight)
+    for name, given, own in (("ex", ex2, own_x), ("ew", ew, own_w)):
+        low = given < own
+        if given.numel() and bool(low.any()):
+            i = int(low.nonzero()[0, 0])
+            raise ValueError(f"{op}: {name}[{i}] = {int(given[i])} is below that row's own exponent {int(own[i])} "
+                             f"on this shard, so its grid would exceed 21 bits; pass the all-reduce MAX of "
+                             f"linear_exponents over every shard")
+    acc = dispatch.call(op, device, x=x2, weight=weight, ex=ex2, ew=ew)
+    return acc.reshape(*lead, n)
+
+
+def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Round the all-reduced int64 sums of row-parallel ``linear`` to the output.
+
+    ``y_ij = cast(RN32(ldexp_c(RN32(acc_ij), ex_i + ew_j - 40) + bias_j))``
+
+    Parameters
+    ----------
+    acc : Tensor, int64, [*, N]
+        The all-reduce SUM of every shard's :func:`linear_partial` (``|acc| < 2**63``).
+    ex : Tensor, int64, [*]
+    ew : Tensor, int64, [N]
+    bias : Tensor, bfloat16/float16/float32, [N], optional
+        Added once (not sharded).
+    out_dtype : torch.dtype
+        ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16``.
+
+    Returns
+    -------
+    Tensor, out_dtype, [*, N]
+
+    Bitwise semantics
+    -----------------
+    P3 (one rounding of the int64 to fp32), P2 scaling, NaN where ``ex_i`` or ``ew_j`` is the
+    sentinel ``2**20``, one fp32 bias addition, RNE cast, canonical NaN: the last steps of
+    :func:`linear`, so ``finish(sum of partials)`` has the bits of ``linear`` on the whole K.
+
+    Contract: ``linear`` (sub-op ``linear_finish``), version 1.
+    """
+    op = "linear_finish"
+    acc = v.tensor(op, "acc", acc)
+    v.dtype(op, "acc", acc, (torch.int64,))
+    if acc.dim() < 1:
+        raise ValueError(f"{op}: acc has shape {tuple(acc.shape)}; expected [*, N]")
+    lead, n = tuple(acc.shape[:-1]), acc.shape[-1]
+    ex = _check_exponents(op, "ex", ex, lead, "one per row of acc")
+    ew = _check_exponents(op, "ew", ew, (n,), "one per column of acc")
+    bias = _check_bias(op, bias, n)
+    out = _check_out_dtype(op, out_dtype, torch.float32)
+    device = v.same_device(op, [("acc", acc), ("ex", ex), ("ew", ew), ("bias", bias)])
+    if acc.numel() and bool((acc == torch.iinfo(torch.int64).min).any()):
+        raise ValueError(f"{op}: acc holds -2**63, outside the range |acc| < 2**63 of exact partial sums; "
+                         f"acc must be the int64 all-reduce SUM of linear_partial outputs")
+    y = dispatch.call(op, device, acc=_rows(acc), ex=ex.reshape(-1), ew=ew, bias=bias, out_dtype=out)
+    return y.reshape(*lead, n)

@@ -1,0 +1,159 @@
+"""``rlkernel.ops.rope`` and ``rope_tables``: bitwise-reproducible rotary embedding (contract ``rope`` v1).
+
+The cos/sin tables are host constants (R8) computed by the contract
+(:func:`rlkernel.contracts.rope.rope_tables`, correctly rounded) and cached per
+``(head_dim, theta, device)``, grown on demand to the largest position seen; rows never
+change when a table grows, so the cache cannot change a bit.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from rlkernel import _validate as v
+from rlkernel import dispatch
+from rlkernel.contracts import rope as _contract
+
+#: Positions must lie in [0, MAX_POSITION) (2**24).
+MAX_POSITION = _contract.MAX_POSITION
+#: Smallest number of rows a cached table is built with.
+MIN_TABLE_ROWS = 4096
+
+_cache: dict[tuple[int, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_lock = threading.Lock()
+
+
+def _check_config(op: str, head_dim: int, theta: float) -> None:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise TypeError(f"{op}: theta must be a Python float, got {type(theta).__name__}; pass e.g. theta=1e6")
+    if not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"{op}: theta = {theta!r}; expected a finite value > 0 (Qwen3 uses 1e6)")
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"{op}: head dimension D = {head_dim}; expected an even D >= 2 (rotate-half pairs "
+                         f"x[..., i] with x[..., i + D/2])")
+
+
+def rope_tables(max_position: int, head_dim: int, theta: float = 1e6,
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contract's RoPE cos/sin tables, correctly rounded to fp32, on ``device``.
+
+    ``cos[p, i] = RN32(cos(p * theta**(-2i/head_dim)))``, ``sin[p, i] = RN32(sin(...))``
+
+    Parameters
+    ----------
+    max_position : int
+        Rows: positions 0 .. max_position - 1, at most 2**24.
+    head_dim : int
+        Even head dimension D; the tables have D / 2 columns.
+    theta : float
+        RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
+    device : torch.device or str, optional
+        Where the tables live (default CPU). Served from the cache when possible.
+
+    Returns
+    -------
+    cos, sin : Tensor, float32, [max_position, head_dim // 2]
+
+    Bitwise semantics
+    -----------------
+    Each entry is the exact real value rounded once to nearest-even fp32 (a float64 fast
+    path with a proven error bound, entries near an fp32 midpoint recomputed with mpmath at
+    60 digits); identical on every host and device. Contract ``rope`` v1.
+    """
+    op = "rope_tables"
+    if isinstance(max_position, bool) or not isinstance(max_position, int) or not 0 <= max_position <= MAX_POSITION:
+        raise ValueError(f"{op}: max_position = {max_position!r}; expected an int in [0, 2**24]")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"{op}: head_dim must be an int, got {type(head_dim).__name__}")
+    _check_config(op, head_dim, theta)
+    cos, sin = _tables(head_dim, float(theta), torch.device(device or "cpu"), max_position)
+    return cos[:max_position], sin[:max_position]
+
+
+def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached tables with at least ``rows`` rows (grown by doubling, capped at 2**24)."""
+    key = (head_dim, theta, str(device))
+    with _lock:
+        have = _cache.get(key)
+        old = 0 if have is None else have[0].shape[0]
+        if old >= rows and have is not None:
+            return have
+        new = min(MAX_POSITION, max(rows, 2 * old, MIN_TABLE_ROWS))
+        cos, sin = _contract.table_rows(torch.arange(old, new).numpy(), head_dim, theta)
+        cos, sin = cos.to(device), sin.to(device)
+        if have is not None:
+            cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
+        _cache[key] = (cos, sin)
+        return cos, sin
+
+
+def clear_table_cache() -> None:
+    """Drop every cached table (they are rebuilt, bit-identical, on the next call)."""
+    with _lock:
+        _cache.clear()
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.Tensor:
+    """Rotary position embedding, NeoX/Hugging Face rotate-half layout, the same bits everywhere.
+
+    ``y = [x1*c - x2*s, x2*c + x1*s]``, ``x1, x2 = x[..., :D/2], x[..., D/2:]``,
+    ``c, s = cos[positions], sin[positions]`` (correctly rounded fp32 tables)
+
+    Parameters
+    ----------
+    x : Tensor, bfloat16/float16/float32, [T, n_heads, D] or [T, D]
+        Queries or keys of T tokens (a packed batch: tokens of any sequences, in any order);
+        D even. A ``[T, D]`` input is one head per token. Non-contiguous views (q/k slices of
+        a fused qkv projection) are accepted (read through a contiguous copy).
+    positions : Tensor, int64, [T], on x's device
+        Position of each token in its sequence, in [0, 2**24).
+    theta : float
+        RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
+
+    Returns
+    -------
+    Tensor, x's dtype, x's shape
+
+    Raises
+    ------
+    TypeError
+        Not tensors, unsupported dtypes (positions must be int64), theta not a number.
+    ValueError
+        Bad shapes, odd D, positions outside [0, 2**24), devices differ, theta not > 0.
+
+    Bitwise semantics
+    -----------------
+    ``c, s`` are the exact ``cos``/``sin(p * theta**(-2i/D))`` correctly rounded to fp32
+    (:func:`rope_tables`, host-computed, R8). In fp32: ``y1 = RN(RN(x1*c) - RN(x2*s))``,
+    ``y2 = RN(RN(x2*c) + RN(x1*s))`` (no FMA), then rounded to x's dtype; NaN canonical.
+    Each token depends only on its values and its position, so decode at position p equals
+    prefill at position p by construction. Invariances: batch, permutation, chunking,
+    prefill_decode, repeat. Contract ``rope`` v1 (``rlkernel.contracts.rope``).
+    """
+    op = "rope"
+    v.tensor(op, "x", x)
+    v.tensor(op, "positions", positions)
+    v.dtype(op, "x", x, v.FLOATS)
+    if positions.dtype != torch.int64:
+        raise TypeError(f"{op}: positions has dtype {str(positions.dtype).replace('torch.', '')}; expected int64. "
+                        f"Cast it with positions.long()")
+    v.ndim(op, "x", x, (2, 3), "[T, n_heads, D] or [T, D]")
+    v.ndim(op, "positions", positions, 1, "[T], one position per token")
+    if positions.shape[0] != x.shape[0]:
+        raise ValueError(f"{op}: positions has shape {tuple(positions.shape)} but x has shape {tuple(x.shape)}; "
+                         f"expected positions [T] with T = x.shape[0] = {x.shape[0]}")
+    device = v.same_device(op, [("x", x), ("positions", positions)])
+    head_dim = x.shape[-1]
+    _check_config(op, head_dim, theta)
+    rows = 1
+    if positions.numel():
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= MAX_POSITION:
+            raise ValueError(f"{op}: positions span [{lo}, {hi}]; expected every position in [0, 2**24). "
+                             f"Positions are per sequence; reset them at each sequence start")
+        rows = hi + 1
+    cos, sin = _tables(head_dim, float(theta), device, rows)
+    return dispatch.call(op, device, x=v.contiguous(x), positions=positions, cos=cos, sin=sin)

@@ -1,0 +1,118 @@
+"""``rlkernel.ops.sample``: bitwise-reproducible next-token sampling (contract ``sample`` v1)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from rlkernel import _validate as v
+from rlkernel import dispatch
+
+#: Largest vocabulary: the exact top-p arithmetic needs V * 2**40 * 2**24 / 2**24 < 2**63.
+MAX_VOCAB = 1 << 18
+
+
+def _per_row(op: str, name: str, value: object, b: int, device: torch.device, dtype: torch.dtype,
+             kind: str) -> torch.Tensor:
+    """A [B] tensor of ``dtype`` from a tensor (checked) or a Python scalar (broadcast)."""
+    if isinstance(value, torch.Tensor):
+        v.dtype(op, name, value, (dtype,))
+        if tuple(value.shape) != (b,):
+            raise ValueError(f"{op}: {name} has shape {tuple(value.shape)}; expected [B] = [{b}] (one value per "
+                             f"row of logits) or a Python {kind} for every row")
+        if value.device != device:
+            raise ValueError(f"{op}: {name} is on {value.device} but logits is on {device}; move all inputs to "
+                             f"one device")
+        return v.contiguous(value)
+    ok = isinstance(value, numbers.Integral) if dtype == torch.int64 else isinstance(value, numbers.Real)
+    if isinstance(value, bool) or not ok:
+        raise TypeError(f"{op}: {name} must be a {str(dtype).replace('torch.', '')} tensor [B] or a Python {kind}, "
+                        f"got {type(value).__name__}")
+    if dtype == torch.float32:
+        value = float(value)  # type: ignore[arg-type]  # then rounded once to fp32 (RNE)
+        if value > 0 and float(torch.tensor(value, dtype=torch.float32)) == 0:
+            raise ValueError(f"{op}: {name} = {value!r} rounds to 0 in fp32; pass 0 explicitly or a value >= 1.4e-45")
+    return torch.full((b,), value, dtype=dtype, device=device)  # type: ignore[arg-type]
+
+
+def _check_values(op: str, name: str, bad: torch.Tensor, t: torch.Tensor, expected: str) -> None:
+    if t.numel() and bool(bad.any()):
+        first = int(bad.nonzero()[0])
+        raise ValueError(f"{op}: {name}[{first}] = {t[first].item()!r}; expected {expected}")
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch.Tensor | int,
+           top_p: torch.Tensor | float, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row: ``argmax_j (logits_j / T + g_j)`` over the top-k / top-p set.
+
+    Greedy (``argmax logits``) where the temperature is 0. Otherwise Gumbel-max sampling
+    from ``softmax(logits / T)`` restricted to the top-k tokens and, inside those, the
+    smallest prefix (by probability) whose mass reaches ``top_p``; the noise is a function
+    of (seed, position, token id) only, so a request gets the same token on every backend
+    and in every batch.
+
+    Parameters
+    ----------
+    logits : Tensor, float32 (bfloat16/float16 are upcast exactly), [B, V], V <= 2**18
+    temperature : Tensor, float32, [B], or a Python float for every row
+        >= 0 and finite; 0 = greedy (top_k and top_p are then ignored).
+    top_k : Tensor, int64, [B], or a Python int
+        >= 0; 0 (or >= V) = off.
+    top_p : Tensor, float32, [B], or a Python float
+        >= 0; >= 1 = off; 0 keeps only the most likely token.
+    seed : Tensor, int64, [B]
+        Per-request seed, read as a uint64 bit pattern (any int64 value).
+    position : Tensor, int64, [B]
+        Position of the token being drawn (>= 0): each position gets fresh noise.
+
+    Returns
+    -------
+    Tensor, int64, [B]
+
+    Raises
+    ------
+    TypeError
+        A wrong dtype, or a parameter neither a tensor nor a Python number.
+    ValueError
+        Wrong shapes, mixed devices, V = 0 or V > 2**18, a negative or non-finite temperature
+        (or a positive one that rounds to 0 in fp32), a negative top_k, a negative or NaN
+        top_p, a negative position.
+
+    Bitwise semantics
+    -----------------
+    Per row: ``z = logits ÷ T`` (IEEE fp32). A NaN in z gives its first index, else a +inf
+    gives its first index, else all -inf gives 0. Rank by ``(-z, index)`` (-0 equals +0).
+    Top-k keeps rank < k. Top-p: ``q_j = RNE(exp_c(z_j - max z) * 2**40)`` (int64),
+    ``cum_before_j`` the exact sum of q over survivors ranked before j, ``P =
+    floor(total * RNE(top_p * 2**24) / 2**24)`` in exact int64; keep rank 0 and every survivor
+    with ``cum_before_j < P``. Noise: Philox4x32-10, key ``(seed lo, seed hi)``, counter
+    ``(j >> 2, position lo, position hi, 0)``, word ``j & 3``; ``u = (2 (r >> 9) + 1) 2**-24``;
+    ``g = -log_c(-log_c(u))``; token = R5 argmax of ``z_j + g_j`` over the kept set (ties to
+    the lower index). Invariances: batch, permutation, repeat. Contract ``sample`` v1
+    (``rlkernel.contracts.sample``).
+    """
+    op = "sample"
+    v.tensor(op, "logits", logits)
+    v.dtype(op, "logits", logits, v.FLOATS)
+    v.ndim(op, "logits", logits, 2, "[B, V] (requests, vocabulary)")
+    b, vocab = logits.shape
+    if vocab < 1 or vocab > MAX_VOCAB:
+        raise ValueError(f"{op}: logits has shape {tuple(logits.shape)}; expected 1 <= V <= {MAX_VOCAB} (2**18, "
+                         f"the bound of the exact int64 top-p arithmetic). Sample from a vocabulary shard's "
+                         f"candidates or reduce V")
+    device = logits.device
+    for name, t in (("seed", seed), ("position", position)):
+        v.tensor(op, name, t)
+    seed_t = _per_row(op, "seed", seed, b, device, torch.int64, "int")
+    pos_t = _per_row(op, "position", position, b, device, torch.int64, "int")
+    temp_t = _per_row(op, "temperature", temperature, b, device, torch.float32, "float")
+    k_t = _per_row(op, "top_k", top_k, b, device, torch.int64, "int")
+    p_t = _per_row(op, "top_p", top_p, b, device, torch.float32, "float")
+    _check_values(op, "temperature", ~(torch.isfinite(temp_t) & (temp_t >= 0)), temp_t,
+                  "a finite value >= 0 (0 = greedy)")
+    _check_values(op, "top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)")
+    _check_values(op, "top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)")
+    _check_values(op, "position", pos_t < 0, pos_t, "a token position >= 0")
+    return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
+                         seed=seed_t, position=pos_t)

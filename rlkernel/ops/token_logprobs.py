@@ -1,0 +1,237 @@
+"""``rlkernel.ops.token_logprobs``: bitwise-reproducible token log-probabilities under the LM head
+(contract ``token_logprobs`` v1), and its vocabulary-sharded (tensor-parallel) form."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import cast
+
+import torch
+
+from rlkernel import _validate as v
+from rlkernel import dispatch
+
+#: Largest vocabulary (all shards together): V * 2**40 < 2**63 (exact probability sum, F = 40).
+MAX_VOCAB = 1 << 22
+#: Largest hidden size of the digit matmul: K * 2**40 < 2**63.
+MAX_HIDDEN = 1 << 22
+
+_SEMANTICS = """
+    Bitwise semantics
+    -----------------
+    ``z = digit_matmul(hidden, W) ÷ fp32(temperature)`` (P5 logits: 21-bit row grids, exact
+    int64 dot products, one rounding; then one IEEE fp32 division); ``m = max_j z_j`` (R5);
+    ``L = ldexp_c(int_to_fp32(sum_j RNE(exp_c(z_j - m) * 2**40)), -40)`` (absolute grid E = 0,
+    F = 40: an exact integer sum, so the vocabulary may be tiled, split or sharded freely);
+    ``out = (z_target - m) - log_c(L)``, NaN-canonical. ``out`` is NaN exactly where ``m`` is
+    not finite (a non-finite value in the hidden row or in any weight row, or logits that
+    overflow to +inf, e.g. with a tiny temperature); otherwise it is finite or -inf.
+    Invariances: batch, chunking, prefill_decode, permutation, reduction_order (vocabulary and
+    hidden axes), tp_degree, repeat. Contract ``token_logprobs`` v1
+    (``rlkernel.contracts.token_logprobs``)."""
+
+
+def _temperature(op: str, temperature: object) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"{op}: temperature must be a Python float, got {type(temperature).__name__}; "
+                        f"pass e.g. temperature=1.0")
+    t = float(temperature)
+    t32 = float(torch.tensor(t, dtype=torch.float32)) if math.isfinite(t) else t
+    if not (math.isfinite(t32) and t32 > 0):
+        raise ValueError(f"{op}: temperature = {temperature!r} (fp32: {t32!r}); expected a value > 0 that stays "
+                         f"finite and nonzero in fp32 (1.0 = plain log-probabilities; use sample() with "
+                         f"temperature 0 for greedy decoding)")
+    return t
+
+
+def _operands(op: str, hidden: object, weight: object, targets: object, weight_name: str) -> torch.device:
+    v.tensor(op, "hidden", hidden)
+    v.tensor(op, weight_name, weight)
+    v.tensor(op, "targets", targets)
+    hidden, weight, targets = cast(torch.Tensor, hidden), cast(torch.Tensor, weight), cast(torch.Tensor, targets)
+    v.dtype(op, "hidden", hidden, v.HALF)
+    v.dtype(op, weight_name, weight, v.HALF)
+    v.same_dtype(op, "hidden", hidden, weight_name, weight)
+    v.dtype(op, "targets", targets, (torch.int64,))
+    v.ndim(op, "hidden", hidden, 2, "[T, H] (tokens, hidden size); flatten batch axes first")
+    v.ndim(op, weight_name, weight, 2, f"[{'Vs' if weight_name != 'weight' else 'V'}, H] (nn.Linear layout)")
+    v.ndim(op, "targets", targets, 1, "[T], one target token id per row of hidden")
+    h = hidden.shape[1]
+    if h < 1 or weight.shape[1] != h:
+        raise ValueError(f"{op}: hidden has shape {tuple(hidden.shape)} and {weight_name} {tuple(weight.shape)}; "
+                         f"expected [T, H] and [V, H] with the same H >= 1")
+    if h > MAX_HIDDEN:
+        raise ValueError(f"{op}: hidden size H = {h} exceeds the exact digit-matmul bound {MAX_HIDDEN} (2**22)")
+    if targets.shape[0] != hidden.shape[0]:
+        raise ValueError(f"{op}: targets has shape {tuple(targets.shape)} but hidden has {hidden.shape[0]} rows; "
+                         f"expected one target per row")
+    if weight.shape[0] < 1:
+        raise ValueError(f"{op}: {weight_name} has shape {tuple(weight.shape)}; expected at least one vocabulary row")
+    return v.same_device(op, [("hidden", hidden), (weight_name, weight), ("targets", targets)])
+
+
+def _targets_in(op: str, targets: torch.Tensor, low: int, high: int, what: str) -> None:
+    if targets.numel() == 0:
+        return
+    lo, hi = int(targets.min()), int(targets.max())
+    if lo < low or hi >= high:
+        bad = lo if lo < low else hi
+        raise ValueError(f"{op}: targets holds {bad}; expected token ids in [{low}, {high}) ({what}). "
+                         f"Mask or drop padding positions before calling")
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each target token: ``log_softmax(hidden @ weight.T / temperature)[targets]``.
+
+    Parameters
+    ----------
+    hidden : Tensor, bfloat16 or float16, [T, H]
+        Final hidden states (after the last norm), one row per token.
+    weight : Tensor, hidden's dtype, [V, H]
+        LM head (``nn.Linear`` layout), V <= 2**22, on hidden's device.
+    targets : Tensor, int64, [T]
+        Token whose log-probability is wanted, in [0, V).
+    temperature : float
+        Logits are divided by ``fp32(temperature)``; must be > 0 and finite in fp32 (default 1).
+
+    Returns
+    -------
+    Tensor, float32, [T]
+
+    Raises
+    ------
+    TypeError
+        A non-tensor, a wrong dtype, mixed dtypes, or a non-real temperature.
+    ValueError
+        Wrong shapes, mixed devices, V > 2**22, a target outside [0, V), a temperature that is
+        not > 0 and finite.
+
+    Notes
+    -----
+    Non-contiguous inputs are read through contiguous copies. The [T, V] logits are never
+    held whole: the backend works on bounded token x vocabulary blocks.
+    {semantics}
+    """
+    op = "token_logprobs"
+    device = _operands(op, hidden, weight, targets, "weight")
+    tau = _temperature(op, temperature)
+    vocab = weight.shape[0]
+    if vocab > MAX_VOCAB:
+        raise ValueError(f"{op}: vocab={vocab} exceeds the exact-sum bound {MAX_VOCAB} (2**22) for int64 "
+                         f"accumulation with 40 fraction bits; shard the vocabulary (token_logprobs_partial)")
+    _targets_in(op, targets, 0, vocab, f"V = {vocab}")
+    return dispatch.call(op, device, hidden=v.contiguous(hidden), weight=v.contiguous(weight),
+                         targets=v.contiguous(targets), temperature=tau)
+
+
+def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
+                           vocab_start: int, temperature: float = 1.0,
+                           row_max: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One vocabulary shard's part of :func:`token_logprobs` (tensor parallelism), two phases.
+
+    Phase 1 (``row_max=None``) returns the shard's row max; all-reduce it with MAX (R5: NaN
+    must propagate) to get the global max ``m``. Phase 2 (``row_max=m``) returns
+    ``(sum_int, target_d)``; all-reduce ``sum_int`` with SUM (int64: exact in any order) and
+    ``target_d.view(torch.int32)`` with SUM (every shard but the target's owner holds +0, bit
+    pattern 0, so the integer sum is the owner's exact bits, -0 and NaN included; a float sum
+    would turn -0 into +0). Then :func:`token_logprobs_finish` gives the bits of
+    :func:`token_logprobs` on the whole vocabulary, for any number of shards.
+
+    Parameters
+    ----------
+    hidden : Tensor, bfloat16 or float16, [T, H]
+    weight_shard : Tensor, hidden's dtype, [Vs, H]
+        Rows ``vocab_start .. vocab_start + Vs - 1`` of the full LM head.
+    targets : Tensor, int64, [T]
+        Global token ids in [0, 2**22) (the same tensor on every shard).
+    vocab_start : int
+        Global id of the shard's first row; ``vocab_start + Vs <= 2**22``.
+    temperature : float
+        As in :func:`token_logprobs` (the same on every shard).
+    row_max : Tensor, float32, [T], optional
+        Phase 2: the global R5 row max from phase 1.
+
+    Returns
+    -------
+    Tensor, float32, [T]
+        Phase 1: the shard's R5 row max of the logits.
+    tuple of (Tensor, int64, [T]; Tensor, float32, [T])
+        Phase 2: ``sum_int``, the shard's exact integer part of ``sum_j RNE(exp_c(z_j - m) *
+        2**40)`` (0 where ``m`` is not finite); ``target_d = z_target - m`` on the owning
+        shard (NaN there where ``m`` is not finite), +0 elsewhere.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`token_logprobs`; also a negative ``vocab_start``, a shard reaching past
+        2**22, a ``row_max`` of the wrong dtype/shape/device, or (from the backend) a finite
+        ``row_max`` below one of this shard's logits.
+    {semantics}
+    """
+    op = "token_logprobs_partial"
+    device = _operands(op, hidden, weight_shard, targets, "weight_shard")
+    tau = _temperature(op, temperature)
+    if isinstance(vocab_start, bool) or not isinstance(vocab_start, numbers.Integral):
+        raise TypeError(f"{op}: vocab_start must be a Python int, got {type(vocab_start).__name__}")
+    start, vs = int(vocab_start), weight_shard.shape[0]
+    if start < 0 or start + vs > MAX_VOCAB:
+        raise ValueError(f"{op}: vocab_start = {start} with a shard of {vs} rows; expected 0 <= vocab_start and "
+                         f"vocab_start + Vs <= {MAX_VOCAB} (2**22, the exact-sum bound of the whole vocabulary)")
+    _targets_in(op, targets, 0, MAX_VOCAB, "global ids of a vocabulary of at most 2**22")
+    if row_max is not None:
+        v.tensor(op, "row_max", row_max)
+        v.dtype(op, "row_max", row_max, (torch.float32,))
+        if tuple(row_max.shape) != (hidden.shape[0],):
+            raise ValueError(f"{op}: row_max has shape {tuple(row_max.shape)}; expected [T] = "
+                             f"[{hidden.shape[0]}], the all-reduced output of phase 1")
+        v.same_device(op, [("hidden", hidden), ("row_max", row_max)])
+        row_max = v.contiguous(row_max)
+    return dispatch.call(op, device, hidden=v.contiguous(hidden), weight_shard=v.contiguous(weight_shard),
+                         targets=v.contiguous(targets), vocab_start=start, temperature=tau, row_max=row_max)
+
+
+def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torch.Tensor:
+    """Finish the sharded form: ``target_d - log_c(ldexp_c(int_to_fp32(sum_int), -40))``.
+
+    Parameters
+    ----------
+    sum_int : Tensor, int64, [T]
+        SUM over all shards of phase 2's ``sum_int``.
+    target_d : Tensor, float32, [T]
+        The owner's ``target_d`` (SUM over shards of the int32 bit patterns).
+
+    Returns
+    -------
+    Tensor, float32, [T]: the bits of :func:`token_logprobs` on the whole vocabulary.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Wrong dtypes, shapes or devices; a negative ``sum_int`` (not a sum of phase 2 outputs).
+
+    Bitwise semantics
+    -----------------
+    One P3 rounding of the integer total, ``ldexp_c`` by -40, ``log_c``, one fp32 subtraction,
+    NaN-canonical. Contract ``token_logprobs`` v1.
+    """
+    op = "token_logprobs_finish"
+    v.tensor(op, "sum_int", sum_int)
+    v.tensor(op, "target_d", target_d)
+    v.dtype(op, "sum_int", sum_int, (torch.int64,))
+    v.dtype(op, "target_d", target_d, (torch.float32,))
+    v.ndim(op, "sum_int", sum_int, 1, "[T]")
+    if tuple(target_d.shape) != tuple(sum_int.shape):
+        raise ValueError(f"{op}: target_d has shape {tuple(target_d.shape)} but sum_int {tuple(sum_int.shape)}; "
+                         f"expected both [T]")
+    device = v.same_device(op, [("sum_int", sum_int), ("target_d", target_d)])
+    if sum_int.numel() and int(sum_int.min()) < 0:
+        raise ValueError(f"{op}: sum_int holds {int(sum_int.min())}; expected sums of phase 2's non-negative "
+                         f"int64 partials (all-reduce SUM as int64, never through a float type)")
+    return dispatch.call(op, device, sum_int=v.contiguous(sum_int), target_d=v.contiguous(target_d))
+
+
+# One text for the shared semantics, so the three docstrings cannot disagree.
+for _fn in (token_logprobs, token_logprobs_partial):
+    _fn.__doc__ = (_fn.__doc__ or "").replace("    {semantics}\n", "\n" + _SEMANTICS.lstrip("\n") + "\n")

@@ -1,0 +1,315 @@
+"""The CUDA backend's Triton kernels under the Triton interpreter, bitwise against the reference.
+
+``TRITON_INTERPRET=1`` must be set before ``triton.jit`` decorates a kernel, so the kernels run
+in a child process: the module-scoped fixture starts ``python tests/test_cuda_interpreter.py``
+with the variable set; the child runs every check and writes JSON; each pytest test asserts on
+one op's share of it. (Run the file under ``TRITON_INTERPRET=1 pytest`` and the checks run
+in-process instead.)
+
+What runs, per op with a CUDA kernel: every non-``full_only`` golden and adversarial case of
+its contract that is small enough for the interpreter (:data:`MAX_WORK`), through the public
+op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the contract's
+``reference``; and its invariance cases (both sides through the CUDA kernels). Larger cases are
+listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
+casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``.
+
+Interpreter limits (DESIGN §5), and how the kernels avoid them: bf16 ``tl.dot`` is wrong in it
+(the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
+kernel uses fma: contraction is off and the static checks forbid it); casts may truncate (every
+rounding cast here is integer bit arithmetic, or fp32 -> fp16, which numpy rounds to nearest
+even). The interpreter checks indexing, masking and the arithmetic sequence; the GPU run
+(tests/test_cuda_gpu.py, tools/device_run.sh) is the proof on hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+INNER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+ROOT = Path(__file__).resolve().parents[1]
+
+#: largest case the interpreter runs, in "work" units: elements for elementwise/row ops,
+#: multiply-adds for matmul-like ops (linear, token_logprobs, attention)
+MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs": 1 << 22, "attention": 1 << 21}
+#: child-process time limit (seconds)
+CHILD_TIMEOUT = 1500
+
+
+# --------------------------------------------------------------------------------------------
+# helpers used in the child (interpreter) process
+# --------------------------------------------------------------------------------------------
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        res: list[torch.Tensor] = []
+        for o in out:
+            res.extend(_flat(o))
+        return res
+    if isinstance(out, dict):
+        return _flat(list(out.values()))
+    return [torch.tensor(out)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu()
+    if t.is_floating_point():
+        width = torch.finfo(t.dtype).bits
+        return t.contiguous().view({64: torch.int64, 32: torch.int32, 16: torch.int16}[width])
+    return t
+
+
+def compare(expected: Any, actual: Any) -> str | None:
+    """None when bitwise equal, else the first difference in hex."""
+    e, a = _flat(expected), _flat(actual)
+    if len(e) != len(a):
+        return f"{len(e)} outputs expected, got {len(a)}"
+    for i, (x, y) in enumerate(zip(e, a)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"output {i}: expected {x.dtype}{tuple(x.shape)}, got {y.dtype}{tuple(y.shape)}"
+        bx, by = _bits(x).reshape(-1), _bits(y).reshape(-1)
+        diff = (bx != by).nonzero()
+        if diff.numel():
+            j = int(diff[0])
+            n = int(diff.numel())
+            return (f"output {i}: {n} of {bx.numel()} differ; first at flat index {j}: expected "
+                    f"{x.reshape(-1)[j].item()!r} ({int(bx[j]) & 0xFFFFFFFFFFFFFFFF:#x}), got "
+                    f"{y.reshape(-1)[j].item()!r} ({int(by[j]) & 0xFFFFFFFFFFFFFFFF:#x})")
+    return None
+
+
+def _work(op: str, inputs: dict[str, Any]) -> int:
+    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    if op in ("linear", "linear_partial", "token_logprobs", "token_logprobs_partial"):
+        x = inputs.get("x", inputs.get("hidden"))
+        w = inputs.get("weight", inputs.get("w"))
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
+            return x.numel() * w.shape[0]
+    if op.startswith("attention"):
+        q = inputs.get("q")
+        k = inputs.get("k", inputs.get("k_cache"))
+        if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor):
+            return q.numel() * max(1, k.shape[0])
+    return sum(t.numel() for t in tensors)
+
+
+def _limit(op: str) -> int:
+    for key, value in MAX_WORK.items():
+        if op.startswith(key):
+            return value
+    return MAX_WORK["default"]
+
+
+def force_cuda_backend_on_cpu() -> None:
+    """Let the ``cuda`` backend serve CPU tensors in this (interpreter) process."""
+    from rlkernel import registry
+
+    backend = registry.get_backend("cuda")
+    backend.device_types = ("cuda", "cpu")  # type: ignore[misc]
+    registry._probes["cuda"] = (True, "Triton interpreter on the CPU (test)")
+
+
+def run_op_checks(contract_module: str) -> list[dict[str, Any]]:
+    """Every small case of one contract module through the CUDA kernels vs the reference."""
+    from rlkernel.backends.cuda import KERNELS
+    from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
+    from rlkernel.dispatch import trace, use_backend
+    from rlkernel.public import public_op
+
+    module = __import__(f"rlkernel.contracts.{contract_module}", fromlist=["CONTRACT"])
+    results = []
+
+    def run(op_name: str, /, **inputs: Any) -> Any:
+        with use_backend("cuda"), trace() as calls:
+            out = public_op(op_name)(**inputs)
+        kernels = {k for _, k in calls}
+        if not all(k.startswith("cuda:") for k in kernels):
+            raise AssertionError(f"a non-cuda kernel ran: {kernels}")
+        return out
+
+    for case in bit_cases(module, full=False):
+        op = op_of(module, case)
+        rec: dict[str, Any] = {"case": case.name, "op": op, "kind": case.kind}
+        if op not in KERNELS:
+            rec.update(status="skip", detail=f"no CUDA kernel for {op}")
+            results.append(rec)
+            continue
+        inputs = case.make()
+        work = _work(op, inputs)
+        if work > _limit(op):
+            rec.update(status="skip", detail=f"too large for the interpreter ({work} > {_limit(op)})")
+            results.append(rec)
+            continue
+        t0 = time.perf_counter()
+        try:
+            expected = reference_of(module, op)(**case.make())
+            actual = run(op, **inputs)
+            diff = compare(expected, actual)
+            rec.update(status="pass" if diff is None else "fail", detail=diff or "")
+        except Exception as exc:  # reported as an error with its reason
+            rec.update(status="error", detail=f"{type(exc).__name__}: {exc}"[:800])
+        rec["seconds"] = round(time.perf_counter() - t0, 2)
+        results.append(rec)
+
+    for inv in invariance_cases(module, full=False):
+        op = op_of(module, inv)
+        rec = {"case": inv.name, "op": op, "kind": "invariance"}
+        if op not in KERNELS:
+            rec.update(status="skip", detail=f"no CUDA kernel for {op}")
+            results.append(rec)
+            continue
+        t0 = time.perf_counter()
+        try:
+            expected, actual = inv.check(run)
+            diff = compare(expected, actual)
+            rec.update(status="pass" if diff is None else "fail", detail=diff or "")
+        except Exception as exc:
+            rec.update(status="error", detail=f"{type(exc).__name__}: {exc}"[:800])
+        rec["seconds"] = round(time.perf_counter() - t0, 2)
+        results.append(rec)
+    return results
+
+
+def run_primitive_checks() -> list[dict[str, Any]]:
+    """The Triton primitives on random bit patterns + specials vs ``rlkernel.contracts._exact``."""
+    from rlkernel.backends.cuda import _prims as P
+    from rlkernel.contracts._exact import fixed as FX
+    from rlkernel.contracts._exact import fp32 as F
+    from rlkernel.contracts._exact import transcendental as T
+
+    g = torch.Generator().manual_seed(1234)
+    bits = torch.randint(-(2**31), 2**31, (30000,), generator=g, dtype=torch.int64).to(torch.int32)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -1.0, 89.0, 89.0001,
+                             -104.0, -104.0001, 1e-45, -1e-45, 2**-126, 2**-127, 0.5, 88.72, -87.33, 0.7071067,
+                             0.70710677, 3.4e38, -3.4e38], dtype=torch.float32)
+    ramp = torch.linspace(-110.0, 95.0, 20001, dtype=torch.float32)
+    x = torch.cat([bits.view(torch.float32), specials, ramp, ramp.abs() * 1e-3, torch.nextafter(ramp, ramp + 1)])
+    results = []
+
+    def rec(name: str, expected: torch.Tensor, actual: torch.Tensor) -> None:
+        diff = compare(expected, actual)
+        results.append({"case": name, "op": "primitives", "kind": "primitive",
+                        "status": "pass" if diff is None else "fail", "detail": diff or f"{expected.numel()} values"})
+
+    rec("exp_c", T.exp_c(x), P.prim_f32("exp_c", x))
+    rec("log_c", T.log_c(x), P.prim_f32("log_c", x))
+    fin = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    rec("expo", F.expo(fin).to(torch.int32), P.prim_f32("expo", fin))
+    rec("cast_bf16", F.round_to(x, torch.bfloat16), P.prim_f32("bf16", x))
+    rec("cast_fp16", F.round_to(x, torch.float16), P.prim_f32("fp16", x))
+    rec("canonical_nan", F.canonicalize(x), P.prim_f32("canonical", x))
+    s = torch.randint(-(2**62), 2**62, (20000,), generator=g) >> torch.randint(0, 62, (20000,), generator=g)
+    s = torch.cat([s, torch.tensor([0, 1, -1, 2**24 + 1, 2**24 + 3, -(2**25 + 2), 2**53 + 1, (1 << 62) + (1 << 38),
+                                    16777217 << 20, -(16777219 << 30), (1 << 63) - 1, -(1 << 63) + 1])])
+    k = torch.randint(-200, 60, s.shape, generator=g).to(torch.int32)
+    y, q = P.prim_int(s, k)
+    y_ref = F.ldexp_c(F.int_to_fp32(s), k.to(torch.int64))
+    rec("int64_to_f32+ldexp_c", y_ref, y)
+    rec("to_fixed_F40", FX.quantize(torch.where(torch.isfinite(y_ref), y_ref, 0.0), F.expo(
+        torch.where(torch.isfinite(y_ref), y_ref, 0.0)), 40), q)
+    xb = x[torch.isfinite(x)][:30000].to(torch.bfloat16)
+    xb = torch.where(torch.isfinite(xb), xb, torch.zeros_like(xb))
+    e = torch.randint(0, 10, xb.shape, generator=g) + F.expo(xb.to(torch.float32))  # |x| < 2**e
+    d = P.prim_grid(xb, e.to(torch.int32)).to(torch.int64)
+    grid = torch.round(xb.to(torch.float64) * torch.ldexp(torch.ones_like(e, dtype=torch.float64), 20 - e))
+    rec("grid21_digits", grid.to(torch.int64), d[0] + (d[1] << 7) + (d[2] << 14))
+    bounds_ok = bool((d[0].abs() <= 64).all() and (d[1].abs() <= 64).all() and (d[2].abs() <= 64).all())
+    results.append({"case": "digit_bounds", "op": "primitives", "kind": "primitive",
+                    "status": "pass" if bounds_ok else "fail", "detail": "" if bounds_ok else "digit out of [-64, 64]"})
+    return results
+
+
+def cuda_contract_modules() -> list[str]:
+    """Contract modules with at least one op in the CUDA KERNELS table (module order)."""
+    import importlib.util
+
+    from rlkernel.backends.cuda import KERNELS
+    from rlkernel.contracts import CONTRACT_MODULES
+
+    found = []
+    for name in CONTRACT_MODULES:
+        if importlib.util.find_spec(f"rlkernel.contracts.{name}") is None:
+            continue
+        if name in KERNELS or any(op.startswith(name) for op in KERNELS):
+            found.append(name)
+    return found
+
+
+def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
+    force_cuda_backend_on_cpu()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in modules:
+        if name == "primitives":
+            out[name] = run_primitive_checks()
+        else:
+            try:
+                out[name] = run_op_checks(name)
+            except Exception as exc:
+                out[name] = [{"case": "*", "op": name, "kind": "module", "status": "error",
+                              "detail": f"{type(exc).__name__}: {exc}"}]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# pytest side
+# --------------------------------------------------------------------------------------------
+
+OPS = ["primitives"] + cuda_contract_modules()
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, list[dict[str, Any]]]:
+    if INNER:
+        return {}
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out_path = ROOT / ".pytest_cache" / "cuda_interpreter.json"
+    out_path.parent.mkdir(exist_ok=True)
+    proc = subprocess.run([sys.executable, __file__, "--json", str(out_path), *OPS], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    if proc.returncode != 0:
+        pytest.fail(f"interpreter child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out_path.read_text())
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_kernels_bitwise_in_interpreter(op: str, interpreter_results: dict[str, Any]) -> None:
+    records = run_all([op])[op] if INNER else interpreter_results[op]
+    failed = [r for r in records if r["status"] in ("fail", "error")]
+    ran = [r for r in records if r["status"] == "pass"]
+    skipped = [f"{r['case']}: {r['detail']}" for r in records if r["status"] == "skip"]
+    if skipped:
+        print(f"{op}: skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
+    assert not failed, "\n".join(f"{r['case']} ({r['kind']}): {r['status']}: {r['detail']}" for r in failed)
+    assert ran, f"{op}: no case ran in the interpreter (skipped: {skipped})"
+
+
+if __name__ == "__main__":
+    if not INNER:
+        sys.exit("run with TRITON_INTERPRET=1")
+    args = sys.argv[1:]
+    json_path = None
+    if args[:1] == ["--json"]:
+        json_path, args = args[1], args[2:]
+    result = run_all(args or OPS)
+    text = json.dumps(result, indent=1)
+    if json_path:
+        Path(json_path).write_text(text)
+    for op, recs in result.items():
+        counts: dict[str, int] = {}
+        for r in recs:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        print(op, counts)
+        for r in recs:
+            if r["status"] in ("fail", "error"):
+                print("  ", r["case"], r["status"], r["detail"][:300])
