@@ -459,7 +459,8 @@ def _adv_v_dynamic_range(dtype: torch.dtype, tag: str) -> dict[str, Any]:
         exps = integers(seed_of("attention", "v_range_exp", tag), (tk, 2, 1), -120, 120)
     else:
         exps = integers(seed_of("attention", "v_range_exp", tag), (tk, 2, 1), -14, 14)
-    inp["v"] = (inp["v"].to(torch.float64) * torch.ldexp(torch.ones((), dtype=torch.float64), exps.to(torch.float64))).to(dtype)
+    scale = torch.ldexp(torch.ones((), dtype=torch.float64), exps.to(torch.float64))  # exact powers of two
+    inp["v"] = (inp["v"].to(torch.float64) * scale).to(dtype)
     return inp
 
 

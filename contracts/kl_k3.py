@@ -89,7 +89,8 @@ def _specials() -> dict[str, Any]:
     sv = special_values(torch.float32)
     a = sv.repeat_interleave(len(sv))
     b = sv.repeat(len(sv))
-    diffs = torch.tensor([88.9, 89.0, 89.5, -103.9, -104.0, -104.5, 80.0, -80.0, 1e-7, -1e-7, 1e-30], dtype=torch.float32)
+    diffs = torch.tensor([88.9, 89.0, 89.5, -103.9, -104.0, -104.5, 80.0, -80.0, 1e-7, -1e-7, 1e-30],
+                         dtype=torch.float32)
     logp = torch.cat([a, torch.zeros(len(diffs))])
     ref = torch.cat([b, diffs])
     return {"logp": logp, "ref_logp": ref}

@@ -54,9 +54,25 @@ from typing import Any
 import torch
 
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
-from rlkernel.contracts._exact.digits import GRID_BITS, MAX_K, digit_matmul, int_matmul, nonfinite_rows, row_exponent, to_grid
+from rlkernel.contracts._exact.digits import (
+    GRID_BITS,
+    MAX_K,
+    digit_matmul,
+    int_matmul,
+    nonfinite_rows,
+    row_exponent,
+    to_grid,
+)
 from rlkernel.contracts._exact.fp32 import int_to_fp32, ldexp_c, round_to
-from rlkernel.contracts._gen import from_bits, integers, normal, seed_of, special_values, uniform, with_outlier_channels
+from rlkernel.contracts._gen import (
+    from_bits,
+    integers,
+    normal,
+    seed_of,
+    special_values,
+    uniform,
+    with_outlier_channels,
+)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -352,7 +368,8 @@ def adversarial_cases() -> list[Case]:
                 x = normal(_seed(name, "x"), (17, 1024), 1.0, FP32)
                 x = with_outlier_channels(x, _seed(name, "ch"), count=4, factor=factor).to(dtype)
                 return {"x": x, "weight": normal(_seed(name, "w"), (96, 1024), 0.05, dtype),
-                        "bias": normal(_seed(name, "b"), (96,), 0.5, FP32), "out_dtype": FP32 if tag == "fp16" else None}
+                        "bias": normal(_seed(name, "b"), (96,), 0.5, FP32),
+                        "out_dtype": FP32 if tag == "fp16" else None}
 
             add(f"outliers_{int(factor)}x_{tag}", make)
 

@@ -9,15 +9,17 @@ products and one add or subtract per output element, each rounded (no FMA).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mpmath
 import numpy as np
 import torch
 
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
 from rlkernel.contracts._exact.fp32 import round_to
 from rlkernel.contracts._gen import integers, normal, seed_of, special_values
+
+if TYPE_CHECKING:
+    import mpmath
 
 #: Positions must lie in [0, MAX_POSITION).
 MAX_POSITION = 1 << 24
@@ -78,8 +80,21 @@ def _check_table_args(max_position: int, head_dim: int, theta: float) -> None:
         raise ValueError(f"rope_tables: theta = {theta!r}; expected a finite float > 0 (Qwen3 uses 1e6)")
 
 
+def _mpmath():  # type: ignore[no-untyped-def]
+    """mpmath, imported on first use so that only the tables need it."""
+    try:
+        import mpmath
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError(
+            "rope tables are computed with mpmath (correct rounding of the entries near an fp32 midpoint); "
+            "install it with `pip install mpmath`"
+        ) from exc
+    return mpmath
+
+
 def _frequencies(head_dim: int, theta: float) -> list[mpmath.mpf]:
     """``w_i = theta**(-2i/D)`` for i < D/2, at 300 bits (theta's exact binary64 value)."""
+    mpmath = _mpmath()
     with mpmath.workprec(300):
         t = mpmath.mpf(float(theta))
         return [t ** (mpmath.mpf(-2 * i) / head_dim) for i in range(head_dim // 2)]
@@ -87,6 +102,7 @@ def _frequencies(head_dim: int, theta: float) -> list[mpmath.mpf]:
 
 def _turn_limbs(freqs: list[mpmath.mpf]) -> np.ndarray:
     """int64 [3, D/2]: limbs (low, mid, high) of ``W_i = RNE(w_i / (2 pi) * 2**90)``."""
+    mpmath = _mpmath()
     limbs = np.zeros((3, len(freqs)), dtype=np.int64)
     with mpmath.workprec(300):
         scale = mpmath.mpf(2) ** _TURN_BITS / (2 * mpmath.pi)
@@ -137,6 +153,7 @@ def _near_midpoint(v: np.ndarray, bound: np.ndarray) -> np.ndarray:
 
 def _round_f32(val: mpmath.mpf) -> float:
     """``val`` (60 digits) correctly rounded to fp32, by comparison with the exact midpoints."""
+    mpmath = _mpmath()
     r = np.float32(float(val))
     for _ in range(3):
         up = np.nextafter(r, np.float32(np.inf))
@@ -172,6 +189,7 @@ def table_rows(positions: np.ndarray, head_dim: int, theta: float) -> tuple[torc
     positions = np.asarray(positions, dtype=np.int64).reshape(-1)
     if positions.size and (positions.min() < 0 or positions.max() >= MAX_POSITION):
         raise ValueError(f"rope_tables: positions must lie in [0, 2**24), got [{positions.min()}, {positions.max()}]")
+    mpmath = _mpmath()
     freqs = _frequencies(head_dim, theta)
     limbs = _turn_limbs(freqs)
     cos32 = np.empty((positions.size, head_dim // 2), dtype=np.float32)

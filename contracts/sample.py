@@ -52,7 +52,7 @@ from ._exact.fixed import F_SUM, quantize
 from ._exact.fp32 import argmax_r5
 from ._exact.philox import philox4x32, uniform_from_u32
 from ._exact.transcendental import exp_c, log_c
-from ._gen import from_bits, integers, normal, seed_of, special_values, uniform
+from ._gen import from_bits, integers, normal, seed_of, special_values
 
 CONTRACT = Contract(
     name="sample",

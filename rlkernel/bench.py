@@ -144,9 +144,10 @@ def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: to
     return timing
 
 
-def bench_module(name: str, module: ModuleType, device: torch.device, repeat: int) -> list[BenchRow]:
+def bench_module(name: str, module: ModuleType, device: torch.device, repeat: int,
+                 on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
     """Rows for every bench case of one contract module."""
-    rows = []
+    rows: list[BenchRow] = []
     for case in module.bench_cases():
         op = case.op or module.CONTRACT.name
         row = BenchRow(op=op, case=case.name, flops=float(case.flops), bytes=float(case.bytes))
@@ -157,6 +158,8 @@ def bench_module(name: str, module: ModuleType, device: torch.device, repeat: in
         except Exception as exc:
             row.native.error = row.rlkernel.error = f"inputs: {type(exc).__name__}: {exc}"
             rows.append(row)
+            if on_row:
+                on_row(row)
             continue
         row.input_sets = len(sets)
         row.native = measure(case.native, sets, device, repeat, row.flops, row.bytes)
@@ -169,6 +172,8 @@ def bench_module(name: str, module: ModuleType, device: torch.device, repeat: in
                 row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
             row.kernel = ", ".join(sorted({kernel for _, kernel in calls})) or None
         rows.append(row)
+        if on_row:
+            on_row(row)
         del sets, first
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -176,7 +181,7 @@ def bench_module(name: str, module: ModuleType, device: torch.device, repeat: in
 
 
 def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, command: list[str] | None = None,
-        missing: list[str] | None = None) -> dict[str, Any]:
+        missing: list[str] | None = None, on_row: Callable[[BenchRow], None] | None = None) -> dict[str, Any]:
     """Benchmark every module; returns the ``bench.json`` document.
 
     Parameters
@@ -191,6 +196,8 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, co
         The command line, recorded as is.
     missing : list of str, optional
         Contract modules not present in this tree, recorded as such.
+    on_row : callable, optional
+        Called with each row as soon as it is measured (progress display).
     """
     rows: list[BenchRow] = []
     without: list[str] = []
@@ -198,7 +205,7 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, co
         if not hasattr(module, "bench_cases"):
             without.append(name)
             continue
-        rows += bench_module(name, module, device, repeat)
+        rows += bench_module(name, module, device, repeat, on_row)
     return {
         "commit": git_commit(),
         "command": command if command is not None else sys.argv,

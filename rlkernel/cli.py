@@ -60,13 +60,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("contracts:")
     from rlkernel.contracts import load_contracts
 
-    modules, missing = load_contracts()
+    broken: dict[str, BaseException] = {}
+    modules, missing = load_contracts(errors=broken)
     for name, module in modules.items():
         contract = module.CONTRACT
         print(f"  {name:<17} v{contract.version}  {contract.summary}")
+    for name, exc in broken.items():
+        print(f"  {name:<17} FAILED to import: {type(exc).__name__}: {exc}")
     for name in missing:
         print(f"  {name:<17} (not present)")
-    return status
+    return EXIT_FAILED if broken else status
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -78,7 +81,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                               full=args.full, manifest_path=args.manifest)
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install
         print(f"rlkernel conformance: {exc}", file=sys.stderr)
         return EXIT_USAGE
     paths = report.write(result, Path(args.out), command=["rlkernel", *sys.argv[1:]])
@@ -116,7 +119,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print(f"rlkernel bench: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return EXIT_USAGE
-    doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing)
+    def show(row: bench.BenchRow) -> None:
+        ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
+        errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
+        print(f"bench {row.op}/{row.case}: {ratio} {errors}".rstrip(), file=sys.stderr, flush=True)
+
+    doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing, on_row=show)
     paths = bench.write(doc, Path(args.out))
     print(bench.markdown(doc), end="")
     errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])

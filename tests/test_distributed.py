@@ -1,8 +1,8 @@
-"""Tensor parallelism over real torch.distributed (gloo) processes: TP = 2 and 4 give the bits of TP = 1.
+"""Tensor parallelism over real torch.distributed (gloo) processes: TP = 2 and 4 give TP = 1 bits.
 
 One ``torch.multiprocessing.spawn`` of four CPU processes covers TP = 2 (two process groups of
-two ranks) and TP = 4; every check runs inside the workers and compares bytes (an assertion in any rank fails the test with that
-rank's traceback).
+two ranks) and TP = 4; every check runs inside the workers and compares bytes (an assertion in
+any rank fails the test with that rank's traceback).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from rlkernel.contracts._exact import philox as ref
 M32 = 0xFFFFFFFF
 
 #: Random123 kat_vectors, philox4x32 with 10 rounds: (counter, key, expected output)
+# fmt: off
 KAT = [
     ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
      (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
@@ -22,6 +23,7 @@ KAT = [
     ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ]
+# fmt: on
 
 
 def philox_python(ctr: tuple[int, ...], key: tuple[int, ...], rounds: int = 10) -> tuple[int, ...]:

@@ -167,7 +167,8 @@ def test_masked_positions_are_ignored_whatever_they_hold():
     for key in ("logp", "old_logp", "advantages"):
         poisoned[key] = torch.where(d["mask"], d[key], torch.full_like(d[key], float("nan")))
     assert_bits(ops.ppo_loss(**d), ops.ppo_loss(**poisoned))
-    assert_bits(ops.ppo_loss(**d, grad_output=torch.tensor(1.0)), ops.ppo_loss(**poisoned, grad_output=torch.tensor(1.0)))
+    g = torch.tensor(1.0)
+    assert_bits(ops.ppo_loss(**d, grad_output=g), ops.ppo_loss(**poisoned, grad_output=g))
 
 
 def test_all_masked_batch_is_nan_and_a_denominator_makes_it_zero():
@@ -271,7 +272,8 @@ def test_global_denominator_makes_micro_batch_gradients_exact():
     (lambda: ops.masked_mean(torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.bool)),
      TypeError, "x has dtype float64; expected one of float32"),
     (lambda: ops.masked_mean(torch.ones(2, 3), torch.ones(2, 3)), TypeError, "mask has dtype float32; expected bool"),
-    (lambda: ops.masked_mean(torch.ones(2, 3), torch.ones(3, 2, dtype=torch.bool)), ValueError, r"mask has shape \(3, 2\)"),
+    (lambda: ops.masked_mean(torch.ones(2, 3), torch.ones(3, 2, dtype=torch.bool)), ValueError,
+     r"mask has shape \(3, 2\)"),
     (lambda: ops.masked_mean(torch.ones(6), torch.ones(6, dtype=torch.bool)), ValueError, r"expected \[B, T\]"),
     (lambda: ops.masked_mean(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), mode="mean"), ValueError,
      "mode = 'mean'; expected one of token-mean"),

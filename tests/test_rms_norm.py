@@ -109,7 +109,8 @@ def test_empty_inputs() -> None:
         ({"x": torch.ones(2, 4, dtype=torch.float64), "weight": torch.ones(4)}, TypeError, "float64.*expected one of"),
         ({"x": torch.ones(2, 4, dtype=torch.bfloat16), "weight": torch.ones(4, dtype=torch.float16)}, TypeError,
          "weight has dtype float16.*x's dtype or float32"),
-        ({"x": torch.ones(2, 4), "weight": torch.ones(5)}, ValueError, r"weight has shape \(5,\).*H = x.shape\[-1\] = 4"),
+        ({"x": torch.ones(2, 4), "weight": torch.ones(5)}, ValueError,
+         r"weight has shape \(5,\).*H = x.shape\[-1\] = 4"),
         ({"x": torch.ones(2, 4), "weight": torch.ones(1, 4)}, ValueError, r"weight has shape \(1, 4\); expected \[H\]"),
         ({"x": torch.ones(()), "weight": torch.ones(1)}, ValueError, "0-d"),
         ({"x": torch.ones(2, 4), "weight": torch.ones(4), "eps": -1.0}, ValueError, "eps = -1.0"),
@@ -148,3 +149,13 @@ def test_accuracy_against_float64() -> None:
         ulp = torch.pow(2.0, torch.floor(torch.log2(truth.abs().clamp(min=1e-30))) - mant)
         err = ((rms_norm(x, w).double() - truth).abs() / ulp).max().item()
         assert err <= max_ulp, f"{dtype}: {err} ulp"
+
+
+def test_row_chunks_do_not_change_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's row chunking (forced small here) gives the reference's bits."""
+    import rlkernel.backends.generic.rms_norm as kernel
+
+    x = torch.from_numpy(np.random.default_rng(8).standard_normal((37, 300))).to(torch.bfloat16)
+    w = torch.linspace(0.5, 1.5, 300).to(torch.bfloat16)
+    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 1000)  # 3 rows per chunk, ragged last chunk
+    assert_same_bits(contract.reference(x, w), kernel.rms_norm(x, w), "chunked rows")

@@ -211,3 +211,14 @@ def test_accuracy_against_float64() -> None:
     err_hf = ((contract._hf_rope(x, positions).double() - truth).abs() / scale).max().item()
     assert err <= 3 * 2.0**-24
     assert err_hf > 100 * err
+
+
+def test_token_chunks_do_not_change_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's token chunking (forced small here) gives the reference's bits."""
+    import rlkernel.backends.generic.rope as kernel
+
+    x = torch.from_numpy(np.random.default_rng(8).standard_normal((37, 4, 64))).to(torch.bfloat16)
+    positions = torch.arange(37) * 101
+    cos, sin = rope_tables(4000, 64, 1e6)
+    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 1000)  # 3 tokens per chunk, ragged last chunk
+    assert_same_bits(contract.reference(x, positions, 1e6), kernel.rope(x, positions, cos, sin), "chunked tokens")

@@ -118,6 +118,14 @@ def test_row_chunking_gives_the_same_tokens(monkeypatch: pytest.MonkeyPatch):
     assert_tokens(expected, sample(**a), "row chunks of 3")
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (3, 0.5), (700, 1.0), (0, 0.999), (1000, 0.3)])
+def test_noise_for_candidates_only_or_for_all_gives_the_same_tokens(top_k: int, top_p: float):
+    """Small kept sets draw Philox only for their candidates, large ones for the whole row."""
+    a = inputs(b=9, v=1000, tag="paths")
+    a.update(top_k=top_k, top_p=top_p, temperature=0.9)
+    assert_tokens(con.reference(**a), sample(**a), f"top_k={top_k} top_p={top_p}")
+
+
 def test_dispatch_reports_the_kernel():
     with rlkernel.trace() as calls:
         sample(**inputs())

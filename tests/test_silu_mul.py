@@ -44,7 +44,8 @@ def gate_up(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
     sv = special_values(dtype)
     for _ in range(draw(st.integers(0, 4)) if rows else 0):
         target = draw(st.sampled_from([gate, up]))
-        target[draw(st.integers(0, rows - 1)), draw(st.integers(0, width - 1))] = sv[draw(st.integers(0, sv.numel() - 1))]
+        special = sv[draw(st.integers(0, sv.numel() - 1))]
+        target[draw(st.integers(0, rows - 1)), draw(st.integers(0, width - 1))] = special
     return gate, up
 
 
@@ -104,7 +105,8 @@ def test_special_values_semantics() -> None:
         ({"gate": torch.ones(2, dtype=torch.float64), "up": torch.ones(2, dtype=torch.float64)}, TypeError,
          "float64"),
         ({"gate": torch.ones(2, dtype=torch.bfloat16), "up": torch.ones(2)}, TypeError, "cast one so they match"),
-        ({"gate": torch.ones(2, 3), "up": torch.ones(3)}, ValueError, r"gate has shape \(2, 3\) but up has shape \(3,\)"),
+        ({"gate": torch.ones(2, 3), "up": torch.ones(3)}, ValueError,
+         r"gate has shape \(2, 3\) but up has shape \(3,\)"),
     ],
 )
 def test_bad_inputs(kwargs, error, match) -> None:  # type: ignore[no-untyped-def]
@@ -113,7 +115,8 @@ def test_bad_inputs(kwargs, error, match) -> None:  # type: ignore[no-untyped-de
 
 
 def test_accuracy_against_float64() -> None:
-    """Accuracy (not bits): fp32 silu within 2.5 ulp of float64 (exp_c, add, divide); bf16 y within 1.5 ulp (two bf16 roundings, as HF)."""
+    """Accuracy (not bits): fp32 silu within 2.5 ulp of float64 (exp_c, add, divide); bf16 y within
+    1.5 ulp (two bf16 roundings, as in Hugging Face)."""
     rng = np.random.default_rng(3)
     g = torch.from_numpy(rng.standard_normal((64, 4096)) * 4.0).to(torch.float32)
     g64 = g.double()
@@ -125,3 +128,14 @@ def test_accuracy_against_float64() -> None:
     truth_b = gb.double() / (1.0 + torch.exp(-gb.double())) * ub.double()
     ulp_b = torch.pow(2.0, torch.floor(torch.log2(truth_b.abs().clamp(min=1e-38))) - 7)
     assert ((silu_mul(gb, ub).double() - truth_b).abs() / ulp_b).max().item() <= 1.5
+
+
+def test_chunks_do_not_change_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's flat chunking (forced small here) gives the reference's bits."""
+    import rlkernel.backends.generic.silu_mul as kernel
+
+    rng = np.random.default_rng(8)
+    gate = torch.from_numpy(rng.standard_normal((7, 333)) * 5).to(torch.float16)
+    up = torch.from_numpy(rng.standard_normal((7, 333))).to(torch.float16)
+    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 1000)
+    assert_same_bits(contract.reference(gate, up), kernel.silu_mul(gate, up), "chunked")

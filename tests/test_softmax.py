@@ -170,3 +170,11 @@ def test_accuracy_against_float64() -> None:
     assert rel <= 1e-5 and rel <= rel_torch
     log_err = (log_softmax(x).double() - torch.log_softmax(x64, -1)).abs().max().item()
     assert log_err <= 2.0**-22 * 16  # |log p| <= ~40 here: a few ulp of the largest magnitudes
+
+
+def test_row_chunks_do_not_change_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's row chunking (forced small here) gives the reference's bits."""
+    x = torch.from_numpy(np.random.default_rng(8).standard_normal((37, 300)) * 4).to(torch.float32)
+    monkeypatch.setattr(generic, "CHUNK_ELEMENTS", 1000)
+    assert_same_bits(contract.reference(x), generic.softmax(x), "chunked softmax")
+    assert_same_bits(log_contract.reference(x), generic.log_softmax(x), "chunked log_softmax")

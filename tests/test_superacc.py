@@ -3,6 +3,7 @@ device-generic implementation against the reference, bit for bit (states and res
 
 from __future__ import annotations
 
+import math
 import random
 from fractions import Fraction
 
@@ -55,7 +56,8 @@ def oracle(terms: torch.Tensor) -> float:
     exact = sum((Fraction(v) for v in t.to(torch.float64).tolist()), Fraction(0))
     if abs(exact) >= F32_MAX + Fraction(2**103):  # at or beyond the halfway point to 2**128: inf
         return float("inf") if exact > 0 else float("-inf")
-    approx = np.float32(float(exact)) if abs(float(exact)) < 3.4028235e38 else np.float32(np.sign(float(exact)) * 3.4028235e38)
+    f = float(exact)
+    approx = np.float32(f) if abs(f) < 3.4028235e38 else np.float32(math.copysign(3.4028235e38, f))
     with np.errstate(over="ignore"):
         cands = {approx, np.nextafter(approx, np.float32(np.inf)), np.nextafter(approx, np.float32(-np.inf))}
     cands = [c for c in cands if np.isfinite(c)]

@@ -131,7 +131,7 @@ def problems(draw: st.DrawFn) -> dict:
     hidden = normal(seed, (t, h), std=draw(st.sampled_from([1e-3, 1.0, 30.0])), dtype=dtype)
     weight = normal(seed + 1, (v, h), std=draw(st.sampled_from([0.02, 1.0])), dtype=dtype)
     sv = special_values(dtype)
-    for name, tensor in (("h", hidden), ("w", weight)):
+    for tensor in (hidden, weight):
         for _ in range(draw(st.integers(0, 3)) if tensor.numel() else 0):
             i = draw(st.integers(0, tensor.numel() - 1))
             tensor.view(-1)[i] = sv[draw(st.integers(0, len(sv) - 1))]
@@ -194,12 +194,31 @@ def test_forced_small_blocks_give_the_same_bits(monkeypatch: pytest.MonkeyPatch)
     a["temperature"] = 0.9
     expected = token_logprobs(**a)
     monkeypatch.setattr(gen, "LOGITS_BYTES", 4 * 301 * 2)  # two tokens' logits per chunk
-    monkeypatch.setattr(gen, "WORK_BYTES", 40 * 24 * 17)  # 17 weight rows per digit chunk
+    monkeypatch.setattr(gen, "WORK_BYTES", 40 * gen._W_BYTES * 17)  # 17 weight rows per digit chunk
     assert gen._plan(7, 301, 40, keep_logits=True)[:2] == (2, 17)
     assert_bits(expected, token_logprobs(**a), "small blocks")
     m = token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0, 0.9)
     s, d = token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0, 0.9, row_max=m)
     assert_bits(expected, token_logprobs_finish(s, d), "small blocks, one shard")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_digit_planes_rebuild_the_p5_grid(dtype: torch.dtype):
+    """The kernel's fp32-only digits recombine to the reference's 21-bit grid integers, for rows of
+    random finite bit patterns (every binade, subnormals, ties on the grid) and scaled rows."""
+    from rlkernel.contracts._exact.digits import row_exponent, to_grid
+    from rlkernel.contracts._gen import random_bits
+
+    raw = torch.from_numpy((random_bits(seed_of("test_token_logprobs", "digits"), 64 * 96) & 0xFFFF).astype("int64"))
+    x = raw.to(torch.int16).view(dtype).view(64, 96).clone()
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    x[:8] = (x[:8].double() * 2.0**-100).to(dtype)  # tiny rows (bf16: subnormal row maxima)
+    x[8] = 0
+    e, d, bad = gen._digits(x)
+    assert not bool(bad.any()) and float(d.abs().max()) <= 64
+    rebuilt = d[0].to(torch.int64) + 128 * d[1].to(torch.int64) + 16384 * d[2].to(torch.int64)
+    assert torch.equal(e, row_exponent(x))
+    assert torch.equal(rebuilt, to_grid(x, row_exponent(x)))
 
 
 def test_dispatch_reports_the_kernel():

@@ -52,10 +52,12 @@ def random_bits(n: int, seed: int) -> np.ndarray:
 
 def boundary_bits() -> np.ndarray:
     """Every encoding near the special boundaries: zeros, subnormal edges, 1, thresholds."""
+    # fmt: off
     centres = [
         0x00000000, 0x007FFFFF, 0x00800000, 0x3F800000, 0x3F3504F3, 0x3FB504F3, 0x7F7FFFFF, 0x7F800000,
         0x42B17217, 0x42B20000, 0xC2AEAC50, 0xC2CE8ED0, 0xC2CFF1B5, 0xC2D00000, 0x3EB17218, 0x3F317218,
     ]
+    # fmt: on
     out = [np.arange(c - 2048, c + 2048, dtype=np.int64) for c in centres]
     out += [a | (1 << 31) for a in out]
     allb = np.concatenate(out)
@@ -64,6 +66,7 @@ def boundary_bits() -> np.ndarray:
 
 # --- special values, stated by the contract ---------------------------------------------------
 
+# fmt: off
 EXP_SPECIALS = {
     0x7FC00000: NAN, 0xFFC00000: NAN, 0x7F800001: NAN, 0xFFFFFFFF: NAN,  # NaNs -> canonical
     0x7F800000: PINF, 0xFF800000: 0x00000000,  # exp(+inf) = +inf, exp(-inf) = +0
@@ -72,7 +75,9 @@ EXP_SPECIALS = {
     0xC2D00001: 0x00000000, 0xFF7FFFFF: 0x00000000, 0xC2D00000: 0x00000000,  # underflow to +0
     0x3F800000: 0x402DF854,  # e, correctly rounded
 }
+# fmt: on
 
+# fmt: off
 LOG_SPECIALS = {
     0x7FC00000: NAN, 0xFFC00000: NAN, 0x7F800001: NAN,  # NaNs -> canonical
     0xBF800000: NAN, 0x80000001: NAN, 0xFF800000: NAN, 0xFF7FFFFF: NAN,  # x < 0 -> NaN
@@ -83,6 +88,7 @@ LOG_SPECIALS = {
     0x7F7FFFFF: 0x42B17218,  # log(FLT_MAX)
     0x40000000: 0x3F317218,  # log(2), correctly rounded
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("impl", [ref, gen], ids=["reference", "generic"])

@@ -18,6 +18,7 @@ Usage::
     python tools/measure_transcendentals.py sample --n 4000000
     python tools/measure_transcendentals.py exhaustive --workers 2     # all 2**32 inputs
     python tools/measure_transcendentals.py exhaustive --workers 16 --generic-device cuda
+    python tools/measure_transcendentals.py exhaustive --start 0x3F000000 --stop 0x40000000
 
 Each run prints one JSON record per function (and a Markdown summary with ``--markdown``).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -99,6 +101,8 @@ class Stats:
     max_at: str = ""
     max_result: str = ""
     max_truth: float = 0.0
+    max_ulp_normal: float = 0.0  # over inputs whose truth is a normal fp32 magnitude (>= 2**-126)
+    max_normal_at: str = ""
     special_failures: list[str] = field(default_factory=list)
 
     def merge(self, other: Stats) -> None:
@@ -112,6 +116,8 @@ class Stats:
         if other.max_ulp > self.max_ulp:
             self.max_ulp, self.max_at = other.max_ulp, other.max_at
             self.max_result, self.max_truth = other.max_result, other.max_truth
+        if other.max_ulp_normal > self.max_ulp_normal:
+            self.max_ulp_normal, self.max_normal_at = other.max_ulp_normal, other.max_normal_at
         self.special_failures += other.special_failures
 
 
@@ -177,6 +183,11 @@ def measure_bits(name: str, bits: np.ndarray, generic_device: str = "cpu", relev
     st.max_at = _hexf(xs[j])
     st.max_result = _hexf(ys[j])
     st.max_truth = float(truth[j])
+    normal = np.abs(truth) >= 2.0**-126
+    if normal.any():
+        jn = int(np.argmax(np.where(normal, err, -1.0)))
+        st.max_ulp_normal = float(err[jn])
+        st.max_normal_at = _hexf(xs[jn])
     return st
 
 
@@ -189,20 +200,24 @@ def _chunk_job(args: tuple[str, int, int, str]) -> Stats:
     return measure_bits(name, bits, device)
 
 
-def exhaustive(name: str, workers: int, device: str, chunk: int = 1 << 22) -> Stats:
-    """Every one of the 2**32 fp32 bit patterns, in chunks over ``workers`` processes."""
-    jobs = [(name, s, min(s + chunk, 1 << 32), device) for s in range(0, 1 << 32, chunk)]
+def exhaustive(
+    name: str, workers: int, device: str, start: int = 0, stop: int = 1 << 32, chunk: int = 1 << 22
+) -> Stats:
+    """Every fp32 bit pattern in [start, stop) (default: all 2**32), in chunks over ``workers`` processes."""
+    jobs = [(name, s, min(s + chunk, stop), device) for s in range(start, stop, chunk)]
     total = Stats(name)
     t0 = time.time()
     if workers <= 1:
-        results = map(_chunk_job, jobs)
-    else:
-        pool = ProcessPoolExecutor(workers)
-        results = pool.map(_chunk_job, jobs, chunksize=1)
-    for i, st in enumerate(results, 1):
-        total.merge(st)
-        if i % 64 == 0:
-            print(f"  {name}: {i}/{len(jobs)} chunks, {time.time() - t0:.0f} s", file=sys.stderr)
+        for st in map(_chunk_job, jobs):
+            total.merge(st)
+        return total
+    # spawn, not fork, when workers use an accelerator: CUDA cannot be re-initialised in a fork
+    ctx = multiprocessing.get_context("fork" if device == "cpu" else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        for i, st in enumerate(pool.map(_chunk_job, jobs, chunksize=1), 1):
+            total.merge(st)
+            if i % 128 == 0:
+                print(f"  {name}: {i}/{len(jobs)} chunks, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return total
 
 
@@ -223,6 +238,7 @@ def sample_bits(name: str, n: int, seed: int = 20240601) -> np.ndarray:
 
 def special_bits() -> np.ndarray:
     """Special and boundary encodings: zeros, infinities, NaNs, subnormals, thresholds."""
+    # fmt: off
     vals = [
         0x00000000, 0x80000000, 0x7F800000, 0xFF800000,  # +-0, +-inf
         0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, 0xFFFFFFFF,  # NaNs, quiet and signalling
@@ -232,6 +248,7 @@ def special_bits() -> np.ndarray:
         0xC2AEAC4F, 0xC2AEAC50, 0xC2CE8ED0, 0xC2CFF1B4, 0xC2CFF1B5, 0xC2D00000, 0xC2D00001,  # underflow
         0x3F3504F3, 0x3F3504F2, 0x3FB504F3, 0x3FB504F2, 0x3F317218, 0x40000000, 0x3F000000,
     ]
+    # fmt: on
     return np.array(vals, dtype=np.uint64).astype(np.uint32)
 
 
@@ -290,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generic-device", default="cpu", help="device for the generic implementation")
     ap.add_argument("--funcs", default=",".join(FUNCS))
     ap.add_argument("--json", default="", help="also write the records to this file")
+    ap.add_argument("--start", type=lambda v: int(v, 0), default=0, help="exhaustive: first encoding")
+    ap.add_argument("--stop", type=lambda v: int(v, 0), default=1 << 32, help="exhaustive: end encoding")
     args = ap.parse_args(argv)
 
     records = []
@@ -299,13 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "sample":
             st = measure_bits(name, sample_bits(name, args.n), args.generic_device)
         elif args.mode == "exhaustive":
-            st = exhaustive(name, args.workers, args.generic_device)
-        else:
-            st = Stats(name)
+            st = exhaustive(name, args.workers, args.generic_device, args.start, args.stop)
         sp = check_specials(name, args.generic_device)
-        st.mismatches += sp.mismatches
-        st.first_mismatch = st.first_mismatch or sp.first_mismatch
-        st.special_failures += sp.special_failures
+        if args.mode == "specials":
+            st = sp
+        else:
+            st.mismatches += sp.mismatches
+            st.first_mismatch = st.first_mismatch or sp.first_mismatch
+            st.special_failures += sp.special_failures
         rec = report(st)
         rec["mode"] = args.mode
         rec["generic_device"] = args.generic_device
@@ -313,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         rec["specials_max_ulp"] = sp.max_ulp
         rec["seconds"] = round(time.time() - t0, 1)
         records.append(rec)
-        print(json.dumps(rec))
+        print(json.dumps(rec), flush=True)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(records, fh, indent=1)
         ok &= st.mismatches == 0 and not st.special_failures and st.over_one == 0 and sp.over_one == 0
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
     return 0 if ok else 1
 
 

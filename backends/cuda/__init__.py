@@ -17,12 +17,17 @@ from rlkernel.backend import Backend
 #: then raises an error naming the backends that have it (never a silent fallback).
 KERNELS: dict[str, str] = {
     "all_reduce": "all_reduce:all_reduce",
+    "embedding": "embedding:embedding",
     "linear": "linear:linear",
     "linear_exponents": "linear:linear_exponents",
     "linear_partial": "linear:linear_partial",
     "linear_finish": "linear:linear_finish",
     "rms_norm": "rms_norm:rms_norm",
+    "rope": "rope:rope",
     "silu_mul": "silu_mul:silu_mul",
+    "token_logprobs": "token_logprobs:token_logprobs",
+    "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
+    "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
     "softmax": "softmax:softmax",
     "log_softmax": "softmax:log_softmax",
 }

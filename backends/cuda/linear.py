@@ -48,7 +48,7 @@ SMALL_TILES = False
 
 @triton.jit
 def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stride,
-                          HAS_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                          HAS_E: tl.constexpr, WRITE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Row exponent (unless given) and the three int8 digit planes of one row."""
     row = tl.program_id(0).to(tl.int64)
     base = t_ptr + row * stride_r
@@ -70,7 +70,7 @@ def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stri
     live = e != 1048576
     e_safe = tl.where(live, e, 0)
     out = d_ptr + row * K
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, K if WRITE else 0, BLOCK_K):
         mask = k0 + cols < K
         v = E.upcast(tl.load(base + (k0 + cols) * stride_k, mask=mask, other=0.0))
         g = tl.where(live, E.grid_int(v, e_safe), 0)
@@ -85,6 +85,65 @@ def _ldexp_clamped(y, k):
     """P2 for integer-valued fp32 |y| < 2**63 and any k: k clamped to [-252, 254] keeps the bits
     (below, every such y scales to +-0; above, every nonzero y overflows to +-inf)."""
     return E.ldexp_c(y, tl.minimum(tl.maximum(k, -252), 254))
+
+
+@triton.jit
+def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K, stride_wn, stride_wk,
+                W_DIGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                K_CHUNK: tl.constexpr):
+    """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by nine int8 digit products.
+
+    x digits come from planes ``[3, M, K]``; the weight either from digit planes ``[3, N, K]``
+    (``W_DIGITS``) or from the bf16/fp16 weight itself (any strides), put on the grids
+    ``ew_safe`` and split into digits in registers (rows with ``w_live`` False give 0).
+    """
+    rk = tl.arange(0, BLOCK_K)
+    x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
+    for kc in range(0, K, K_CHUNK):
+        l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        for k0 in range(kc, tl.minimum(kc + K_CHUNK, K), BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            xmask = m_ok[:, None] & k_ok[None, :]
+            xp = x_rows + kk[None, :]
+            a0 = tl.load(xp, mask=xmask, other=0)
+            a1 = tl.load(xp + x_plane, mask=xmask, other=0)
+            a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
+            wmask = k_ok[:, None] & n_ok[None, :]
+            if W_DIGITS:
+                wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
+                b0 = tl.load(wp, mask=wmask, other=0)
+                b1 = tl.load(wp + w_plane, mask=wmask, other=0)
+                b2 = tl.load(wp + 2 * w_plane, mask=wmask, other=0)
+            else:
+                wt = E.upcast(tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + kk[:, None] * stride_wk,
+                                      mask=wmask, other=0.0))
+                g = tl.where(w_live[None, :], E.grid_int(wt, ew_safe[None, :]), 0)
+                b0, b1, b2 = E.split3(g)
+            l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+            l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+            l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+            l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+            l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+            l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+            l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+            l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+            l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+        acc += l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+    return acc
+
+
+@triton.jit
+def _logit_tile(acc, ex, ew, x_live, w_live):
+    """P3 + P2 epilogue of a tile: ``ldexp_c(int_to_fp32(C), ex + ew - 40)``, NaN on non-finite rows."""
+    y = _ldexp_clamped(E.int64_to_f32(acc), tl.where(x_live, ex, 0)[:, None] + tl.where(w_live, ew, 0)[None, :] - 40)
+    return tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
 
 
 @triton.jit
@@ -119,52 +178,13 @@ def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
     w_live = ew != 1048576
     ew_safe = tl.where(w_live, ew, 0)
 
-    x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
-    for kc in range(0, K, K_CHUNK):
-        l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        for k0 in range(kc, tl.minimum(kc + K_CHUNK, K), BLOCK_K):
-            kk = k0 + rk
-            k_ok = kk < K
-            xmask = m_ok[:, None] & k_ok[None, :]
-            xp = x_rows + kk[None, :]
-            a0 = tl.load(xp, mask=xmask, other=0)
-            a1 = tl.load(xp + x_plane, mask=xmask, other=0)
-            a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
-            wmask = k_ok[:, None] & n_ok[None, :]
-            if W_DIGITS:
-                wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
-                b0 = tl.load(wp, mask=wmask, other=0)
-                b1 = tl.load(wp + w_plane, mask=wmask, other=0)
-                b2 = tl.load(wp + 2 * w_plane, mask=wmask, other=0)
-            else:
-                wt = E.upcast(tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-                                      mask=wmask, other=0.0))
-                g = tl.where(w_live[None, :], E.grid_int(wt, ew_safe[None, :]), 0)
-                b0, b1, b2 = E.split3(g)
-            l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
-            l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
-            l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-            l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
-            l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
-            l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-            l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
-            l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
-            l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
-        acc += l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+    acc = _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K,
+                      stride_wn, stride_wk, W_DIGITS, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK)
 
     y_ptrs = y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :] * stride_yn
     out_mask = m_ok[:, None] & n_ok[None, :]
     if FINISH:
-        x_live = ex != 1048576
-        ex_safe = tl.where(x_live, ex, 0)
-        y = _ldexp_clamped(E.int64_to_f32(acc), ex_safe[:, None] + ew_safe[None, :] - 40)
-        y = tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
+        y = _logit_tile(acc, ex, ew, ex != 1048576, w_live)
         if HAS_BIAS:
             y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
         tl.store(y_ptrs, E.cast_out(y, OUT), mask=out_mask)
@@ -204,17 +224,20 @@ def _check_k(op: str, k: int) -> None:
                          f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards")
 
 
-def _digits(t: torch.Tensor, e: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 digit planes [3, R, K] of the rows of t [R, K] (any strides) and their exponents (int64 [R])."""
+def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 digit planes [3, R, K] of the rows of t [R, K] (any strides) and their exponents (int64 [R]).
+
+    ``write=False``: the exponents only (the planes are not made).
+    """
     rows, k = t.shape
-    d = torch.empty((3, rows, k), dtype=torch.int8, device=t.device)
+    d = torch.empty((3, rows, k) if write else (1,), dtype=torch.int8, device=t.device)
     has_e = e is not None
     if e is None:
         e = torch.empty(rows, dtype=torch.int64, device=t.device)
     if rows and k:
         block = 64 if SMALL_TILES else 1024
         _linear_digits_kernel[(rows,)](t, e, d, k, t.stride(0), t.stride(1), rows * k, HAS_E=has_e,
-                                       BLOCK_K=block, num_warps=4, **LAUNCH)
+                                       WRITE=write, BLOCK_K=block, num_warps=4, **LAUNCH)
     elif not has_e:
         e.zero_()
     return d, e
@@ -291,8 +314,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel ``linear_exponents``: (ex int64 [M], ew int64 [N]), sentinel 2**20 for non-finite rows."""
-    _, ex = _digits(x)
-    _, ew = _digits(weight)
+    _, ex = _digits(x, write=False)
+    _, ew = _digits(weight, write=False)
     return ex, ew
 
 
@@ -314,8 +337,9 @@ def static_specs():
     for dt in ("bf16", "fp16"):
         specs.append(("linear", f"{dt}_digits", _linear_digits_kernel,
                       {"t_ptr": f"*{dt}", "e_ptr": "*i64", "d_ptr": "*i8", "K": "i32", "stride_r": "i64",
-                       "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "BLOCK_K": "constexpr"},
-                      {"HAS_E": False, "BLOCK_K": 1024}))
+                       "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "WRITE": "constexpr",
+                       "BLOCK_K": "constexpr"},
+                      {"HAS_E": False, "WRITE": True, "BLOCK_K": 1024}))
     base = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
             "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64", "stride_ym": "i64",
             "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr", "HAS_BIAS": "constexpr",

@@ -30,7 +30,7 @@ from rlkernel.backends.generic._exact.transcendental import exp_c
 
 #: Query rows per tile of one sequence.
 Q_TILE = 64
-#: Keys per block (<= 1024: the PV digit GEMMs reduce over one block).
+#: Keys per block (any size: the digit GEMMs cut their reductions to RED_CHUNK).
 KEY_BLOCK = 256
 #: Padded query rows (tiles x tile rows) processed together.
 ROW_BUDGET = 128
@@ -192,7 +192,7 @@ def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int
 
         step = max(16, min(KEY_BLOCK, KEY_BUDGET // qs.n))
 
-        def block(start: int, qs: _Queries = qs, step: int = step) -> tuple[torch.Tensor, ...]:
+        def block(start: int, qs: _Queries = qs, step: int = step, k_end: int = k_end) -> tuple[torch.Tensor, ...]:
             stop = min(start + step, k_end)
             pos = torch.arange(start, stop, dtype=torch.int64, device=dev).unsqueeze(0).expand(qs.n, -1)
             valid = pos < qs.lk.unsqueeze(1)

@@ -10,9 +10,10 @@ through :func:`rlkernel.dispatch.note_kernel`):
 - ``f64`` (CPU): the 21-bit grid values themselves in float64 GEMMs over K-chunks of 8192
   (``|X Wt| <= 2**40``, so every partial sum is an integer of magnitude <= 2**53: exact in
   any BLAS order), accumulated in int64. One GEMM instead of nine digit GEMMs.
-- ``digits`` (any other device): three balanced base-128 digits per operand and nine fp32
-  digit GEMMs over K-chunks of 4096 (every partial sum an integer below 2**24), combined in
-  int64 with shifts — exact on fp32, tf32, bf16 and fp16 matrix units.
+- ``digits`` (any other device): three balanced base-128 digits per operand, made with exact
+  fp32 arithmetic (power-of-two scalings and round-half-even), and nine fp32 digit GEMMs over
+  K-chunks of 4096 (every partial sum an integer below 2**24), combined in int64 with shifts —
+  exact on fp32, tf32, bf16 and fp16 matrix units.
 
 Rows of x are processed in blocks so that the temporary grids stay small.
 """
@@ -22,9 +23,8 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.backends.generic._exact.digits import int_product, split_digits
-from rlkernel.backends.generic._exact.fixed import to_fixed
-from rlkernel.backends.generic._exact.fp32 import cast_out, exponent, int64_to_f32, scale_pow2
+from rlkernel.backends.generic._exact.digits import int_product
+from rlkernel.backends.generic._exact.fp32 import cast_out, exponent, int64_to_f32, pow2_f32, scale_pow2
 
 GRID = 20
 SENTINEL = 1 << 20
@@ -66,9 +66,28 @@ def _grid_f64(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
 
 
-def _grid_int(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``RNE(t * 2**(20 - e))`` per row as int64 from the fp32 bits (non-finite and SENTINEL rows -> 0)."""
-    return to_fixed(t.to(torch.float32), e.unsqueeze(1), GRID)
+def _digits_f32(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """fp32 [3, R, K]: balanced base-128 digits (each in [-64, 64]) of ``g = RNE(t * 2**(20 - e))``.
+
+    Every step is exact in fp32. ``t * 2**a * 2**b`` (a + b = 20 - e, both in [-54, 85]) is
+    exact whenever the scaled value can round to a nonzero grid integer (a bf16/fp16 value has at
+    most 11 significant bits and the intermediate is then normal); values that underflow in the
+    first or second step are below 2**-41 and round to 0 either way. Then ``g = d0 + 128 d1 +
+    128**2 d2`` with ``q1 = RNE(g / 128)``, ``d0 = g - 128 q1``, ``d2 = RNE(q1 / 128)``,
+    ``d1 = q1 - 128 d2`` (scalings by 2**-7 are exact multiplications).
+    """
+    live = e != SENTINEL
+    s = torch.where(live, GRID - e, torch.zeros_like(e))
+    a = torch.div(s, 2, rounding_mode="floor")
+    b = s - a
+    tf = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float32)
+    g = torch.round((tf * pow2_f32(a).unsqueeze(1)) * pow2_f32(b).unsqueeze(1))
+    g = torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
+    q1 = torch.round(g * 2.0**-7)
+    d0 = g - q1 * 128.0
+    d2 = torch.round(q1 * 2.0**-7)
+    d1 = q1 - d2 * 128.0
+    return torch.stack((d0, d1, d2))
 
 
 def _product_f64(xg: torch.Tensor, wg: torch.Tensor) -> torch.Tensor:
@@ -102,10 +121,10 @@ def partial_sum(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: tor
             stop = min(start + rows, m)
             out.append(_product_f64(_grid_f64(x[start:stop], ex[start:stop]), wg))
     elif path == "digits":
-        wd = split_digits(_grid_int(weight, ew))
+        wd = _digits_f32(weight, ew)
         for start in range(0, m, rows):
             stop = min(start + rows, m)
-            out.append(int_product(split_digits(_grid_int(x[start:stop], ex[start:stop])), wd))
+            out.append(int_product(_digits_f32(x[start:stop], ex[start:stop]), wd))
     else:
         raise ValueError(f"linear: unknown product path {path!r}; expected 'f64' or 'digits'")
     return out[0] if len(out) == 1 else torch.cat(out, dim=0)

@@ -2,9 +2,12 @@
 
 Rows are independent and processed in chunks of at most ``WORK_BYTES`` of temporaries (about
 ``_ROW_BYTES`` per logit), so a [256, 151936] batch never needs more than that at once. The
-ranking sorts unique int64 keys ``(order(z) << 18) + (V - 1 - j)`` (``order`` maps fp32 bits to
-a monotone integer), so the sort is exact and deterministic on every device; the top-p prefix
-sums are int64 cumulative sums (exact in any order).
+ranking sorts (or ``topk``s, when only the first k ranks matter) unique int64 keys
+``(order(z) << 18) + (V - 1 - j)`` (``order`` maps fp32 bits to a monotone integer), so it is
+exact and deterministic on every device; the top-p prefix sums are int64 cumulative sums
+(exact in any order). The kept set is a prefix of the rank order, so with top-k the Philox
+noise is computed for the kept candidates only; the noise of token j depends on (seed,
+position, j) alone, so that changes no bit. Greedy and special rows draw no noise.
 """
 
 from __future__ import annotations
@@ -41,41 +44,83 @@ def _order_key(z: torch.Tensor) -> torch.Tensor:
     return (mono << _INDEX_BITS) + (v - 1 - torch.arange(v, device=z.device))
 
 
-def _uniforms(seed: torch.Tensor, position: torch.Tensor, v: int) -> torch.Tensor:
-    """``u [rows, V]`` = ``(2 * (r >> 9) + 1) * 2**-24`` from Philox (key = seed, counter =
-    (j >> 2, position lo, position hi, 0), word j & 3)."""
-    rows = seed.shape[0]
-    blocks = (v + 3) // 4
-    dev = seed.device
-    shape = (rows, blocks)
-    counter = torch.stack([torch.arange(blocks, dtype=torch.int64, device=dev).expand(shape),
-                           (position & _MASK32).view(-1, 1).expand(shape),
+def _counter_words(seed: torch.Tensor, position: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Philox4x32-10 words [rows, n, 4] for counters ``(blocks, position lo, position hi, 0)`` and
+    key ``(seed lo, seed hi)``; ``blocks`` is int64 [rows, n] (the token id >> 2)."""
+    shape = blocks.shape
+    counter = torch.stack([blocks, (position & _MASK32).view(-1, 1).expand(shape),
                            ((position >> 32) & _MASK32).view(-1, 1).expand(shape),
-                           torch.zeros(shape, dtype=torch.int64, device=dev)], dim=-1)
-    key = torch.stack([seed & _MASK32, (seed >> 32) & _MASK32], dim=-1).view(rows, 1, 2)
-    words = philox4x32(counter, key, check=False).reshape(rows, 4 * blocks)[:, :v]  # block j >> 2, word j & 3
-    return uniform_from_u32(words, check=False)
+                           torch.zeros(shape, dtype=torch.int64, device=blocks.device)], dim=-1)
+    key = torch.stack([seed & _MASK32, (seed >> 32) & _MASK32], dim=-1).view(-1, 1, 2)
+    return philox4x32(counter, key, check=False)
 
 
-def _keep(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Kept set of each row (top-k by rank, then the integer top-p cut): bool [rows, V]."""
+def _gumbel(u: torch.Tensor) -> torch.Tensor:
+    """``g = -log_c(-log_c(u))`` (negation is exact)."""
+    return -log_c(-log_c(u))
+
+
+def _gumbel_all(seed: torch.Tensor, position: torch.Tensor, v: int) -> torch.Tensor:
+    """Noise of every token id 0..V-1: fp32 [rows, V] (one Philox block serves 4 ids)."""
+    rows, blocks = seed.shape[0], (v + 3) // 4
+    ids = torch.arange(blocks, dtype=torch.int64, device=seed.device).expand(rows, blocks)
+    words = _counter_words(seed, position, ids).reshape(rows, 4 * blocks)[:, :v]  # block j >> 2, word j & 3
+    return _gumbel(uniform_from_u32(words, check=False))
+
+
+def _gumbel_at(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Noise of the token ids ``ids`` (int64 [rows, n]) only: fp32 [rows, n]."""
+    words = _counter_words(seed, position, ids >> 2)
+    r = words.gather(-1, (ids & 3).unsqueeze(-1)).squeeze(-1)
+    return _gumbel(uniform_from_u32(r, check=False))
+
+
+def _kept_prefix(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept set of each row as a prefix of the rank order: ``(ids [rows, n], count [rows])``.
+
+    Top-k keeps ranks < k and the top-p cut keeps a prefix of those, so the kept set is always
+    the first ``count`` tokens of the order ``(-z, j)``. Only the first ``max k`` ranks are
+    needed: ``topk`` of the unique keys when that is below V, else a full sort.
+    """
     rows, v = z.shape
     dev = z.device
-    order = torch.sort(_order_key(z), dim=-1, descending=True).indices
-    zs = z.gather(1, order)
-    rank = torch.arange(v, device=dev).expand(rows, v)
+    n = int(k.max())
+    keys = _order_key(z)
+    if n < v:
+        ids = torch.topk(keys, n, dim=-1, largest=True, sorted=True).indices  # unique keys: deterministic
+    else:
+        ids = torch.sort(keys, dim=-1, descending=True).indices
+    rank = torch.arange(n, device=dev).expand(rows, n)
     keep = rank < k.view(-1, 1)
     use_p = top_p < 1.0
     if bool(use_p.any()):
+        zs = z.gather(1, ids)
         q = to_fixed(exp_c(zs - zs[:, :1]), torch.zeros((), dtype=torch.int64, device=dev), F_SUM)
         q = torch.where(keep, q, 0)
-        cum = torch.cumsum(q, dim=-1)
+        cum = torch.cumsum(q, dim=-1)  # int64: exact in any order
         before = cum - q
         total = cum[:, -1:]
         pnum = to_fixed(top_p.clamp(max=1.0), torch.zeros((), dtype=torch.int64, device=dev), _P_BITS).view(-1, 1)
         cut = (total >> _P_BITS) * pnum + (((total & ((1 << _P_BITS) - 1)) * pnum) >> _P_BITS)
         keep = keep & ((rank == 0) | ~use_p.view(-1, 1) | (before < cut))
-    return torch.zeros_like(keep).scatter_(1, order, keep)
+    return ids, keep.sum(dim=-1)
+
+
+def _draw_filtered(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+                   position: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max over each row's kept prefix; ties to the lowest token id."""
+    v = z.shape[1]
+    ids, count = _kept_prefix(z, k, top_p)
+    n = int(count.max())
+    ids = ids[:, :n]
+    if 4 * n < v:  # few candidates: Philox only where needed (one block per candidate)
+        g = _gumbel_at(seed, position, ids)
+    else:
+        g = _gumbel_all(seed, position, v).gather(1, ids)
+    valid = torch.arange(n, device=z.device).view(1, -1) < count.view(-1, 1)
+    score = torch.where(valid, z.gather(1, ids) + g, float("-inf"))
+    best = torch.amax(score, dim=-1, keepdim=True)
+    return torch.where(score == best, ids, v).amin(dim=-1)
 
 
 def _rows(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -89,19 +134,20 @@ def _rows(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p
     has_nan, has_pinf = nan.any(dim=-1), pinf.any(dim=-1)
     all_ninf = (z == float("-inf")).all(dim=-1)
     special = has_nan | has_pinf | all_ninf
-    special_tok = torch.where(has_nan, _first(nan), torch.where(has_pinf, _first(pinf), 0))
+    tok = torch.where(has_nan, _first(nan), torch.where(has_pinf, _first(pinf), 0))
+    tok = torch.where(greedy, first_argmax(x), tok)
 
     k = torch.where((top_k == 0) | (top_k > v), v, top_k)
-    filtered = ((k < v) | (top_p < 1.0)) & ~greedy & ~special
-    keep = torch.ones(z.shape, dtype=torch.bool, device=x.device)
+    sampling = ~greedy & ~special
+    filtered = sampling & ((k < v) | (top_p < 1.0))
+    plain = sampling & ~filtered
+    if bool(plain.any()):  # every token kept: noise for the whole vocabulary
+        i = plain.nonzero().view(-1)
+        tok[i] = first_argmax(z[i] + _gumbel_all(seed[i], position[i], v))
     if bool(filtered.any()):
-        idx = filtered.nonzero().view(-1)
-        keep[idx] = _keep(z[idx], k[idx], top_p[idx])
-    g = -log_c(-log_c(_uniforms(seed, position, v)))
-    score = torch.where(keep, z + g, float("-inf"))
-    tok = first_argmax(score)
-    tok = torch.where(special, special_tok, tok)
-    return torch.where(greedy, first_argmax(x), tok)
+        i = filtered.nonzero().view(-1)
+        tok[i] = _draw_filtered(z[i], k[i], top_p[i], seed[i], position[i])
+    return tok
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

@@ -10,11 +10,19 @@ the vocabulary in chunks of ``vc`` weight rows:
 * ``token_logprobs_partial`` phase 1 keeps only the running max (no logits block), phase 2
   only the running int64 sums (the max is given).
 
-The weight's digit planes of one vocabulary chunk (int64 grid + three fp32 digit planes,
-about 20 bytes per weight element) are bounded by :data:`WORK_BYTES`; they are rebuilt for
-every token chunk (a token chunk holds hundreds of rows, so the rebuild is small next to the
-nine digit GEMMs). Extra memory beyond the inputs and output therefore stays below about
-``LOGITS_BYTES + 3 * WORK_BYTES`` (~256 MiB), whatever T and V are.
+The weight's digit planes of one vocabulary chunk (three fp32 planes and their temporaries,
+about :data:`_W_BYTES` per weight element) are bounded by :data:`WORK_BYTES`; they are rebuilt
+for every token chunk (a token chunk holds up to ~200 rows at V = 151936, so the rebuild is
+small next to the nine digit GEMMs). The logits block, the planes and the exp/grid slices are
+not alive together beyond the block, so the extra memory beyond the inputs and the output stays
+below ``LOGITS_BYTES + 2 * WORK_BYTES`` (256 MiB), whatever T and V are.
+
+Digits: the 21-bit grid value ``RNE(x * 2**(20 - e))`` (P5) and its three balanced base-128
+digits are computed in fp32 alone: the power-of-two scaling is exact (two normal factors), and
+``(t + 1.5 * 2**23) - 1.5 * 2**23`` rounds any |t| <= 2**22 to the nearest integer, ties to
+even. Each digit lies in [-64, 64], so every K-chunk of 4096 keeps the digit GEMM's partial sums
+integers below 2**24 (exact on any fp32, tf32, bf16 or fp16 matrix unit); the nine products
+are combined exactly in int64.
 """
 
 from __future__ import annotations
@@ -23,17 +31,19 @@ from collections.abc import Iterator
 
 import torch
 
-from rlkernel.backends.generic._exact.digits import GRID, grid_rows, int_product, row_exponents, split_digits
+from rlkernel.backends.generic._exact.digits import GRID, int_product, row_exponents
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, nan_max, scale_pow2
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, nan_max, pow2_f32, scale_pow2
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
 
 #: Bytes of the fp32 logits block one token chunk keeps (``token_logprobs`` only).
-LOGITS_BYTES = 64 << 20
+LOGITS_BYTES = 128 << 20
 #: Bytes of per-block temporaries: weight digit planes, hidden digit planes, exp/grid terms.
 WORK_BYTES = 64 << 20
-#: Bytes per element of a vocabulary chunk's weight planes (int64 grid + 3 fp32 digits + mask).
-_W_BYTES = 24
+#: Bytes per element of a vocabulary chunk's digit planes and their fp32 temporaries.
+_W_BYTES = 32
+#: 1.5 * 2**23: ``(t + _ROUNDER) - _ROUNDER`` is t rounded to an integer, ties to even (|t| <= 2**22).
+_ROUNDER = 12582912.0
 #: Bytes per logit of the exp_c / grid temporaries (a dozen fp32/int32 and a few int64 arrays).
 _E_BYTES = 128
 #: ldexp_c scale floor: for k <= -252 every |int_to_fp32(C)| <= 2**62 scales to +-0, exactly as
@@ -51,10 +61,32 @@ def _plan(t: int, v: int, h: int, keep_logits: bool) -> tuple[int, int, int]:
     return tc, vc, vs
 
 
+def _rne(t: torch.Tensor, rounder: torch.Tensor) -> torch.Tensor:
+    """Round fp32 ``t`` (|t| <= 2**22) to an integer, ties to even: two IEEE additions."""
+    return (t + rounder) - rounder
+
+
 def _digits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row exponents, digit planes [3, rows, H] and the non-finite-row mask of bf16/fp16 rows."""
+    """Row exponents, fp32 digit planes [3, rows, H] and the non-finite-row mask of bf16/fp16 rows.
+
+    ``g = RNE(x * 2**(20 - e))`` (the P5 grid, |g| <= 2**20), then ``g = d0 + 128 d1 + 16384 d2``
+    with ``q1 = RNE(g / 128)``, ``d0 = g - 128 q1``, ``d2 = RNE(q1 / 128)``, ``d1 = q1 - 128 d2``:
+    every step exact in fp32, every digit in [-64, 64].
+    """
     e = row_exponents(x)
-    return e, split_digits(grid_rows(x, e)), (~torch.isfinite(x)).any(dim=-1)
+    dev = x.device
+    rounder = torch.tensor(_ROUNDER, dtype=torch.float32, device=dev)
+    base = torch.tensor(128.0, dtype=torch.float32, device=dev)
+    inv_base = torch.tensor(2.0**-7, dtype=torch.float32, device=dev)
+    xf = torch.where(torch.isfinite(x), x, 0.0).to(torch.float32)
+    k = GRID - e  # in [-108, 152]: both halves are normal fp32 powers of two
+    a = torch.div(k, 2, rounding_mode="floor")
+    g = _rne((xf * pow2_f32(a).unsqueeze(-1)) * pow2_f32(k - a).unsqueeze(-1), rounder)
+    q1 = _rne(g * inv_base, rounder)
+    d0 = g - q1 * base
+    d2 = _rne(q1 * inv_base, rounder)
+    d1 = q1 - d2 * base
+    return e, torch.stack((d0, d1, d2)), (~torch.isfinite(x)).any(dim=-1)
 
 
 def _logit_blocks(xe: torch.Tensor, xd: torch.Tensor, xbad: torch.Tensor, weight: torch.Tensor, vc: int,

@@ -25,10 +25,28 @@ EXP_X_MIN   0xC2D00000   -104.0 (below: +0; exp(-104) < 2**-150, half the least 
 SQRT_HALF   0x3F3504F3   0.707106769084930419921875 (RN32(sqrt(1/2)))
 =========== ============ ====================================================================
 
-The polynomial coefficients (``EXP_COEFFS`` for ``Q``, ``LOG_COEFFS`` for ``R``) were fitted
-for this contract by ``tools/fit_transcendentals.py`` (weighted minimax in float64, rounded to
-fp32, then greedily adjusted by whole fp32 ulps to minimise the measured error); they are
-listed with their decimal values next to the code below.
+Polynomial coefficients, fitted for this contract by ``tools/fit_transcendentals.py``
+(weighted minimax in float64, rounded to fp32, then greedily adjusted by whole fp32 ulps to
+minimise the measured error of the whole sequence); decimals are the shortest strings that
+round-trip to the fp32 value:
+
+====  ==========  ======================
+name  bits        value
+====  ==========  ======================
+Q0    0x3EFFFFFE  0.4999999403953552
+Q1    0x3E2AAA49  0.1666652113199234
+Q2    0x3D2AAC79  0.04166838899254799
+Q3    0x3C091D01  0.00836873147636652
+Q4    0x3AB511F8  0.001381455920636654
+R0    0x3EAAAAAA  0.3333333134651184
+R1    0xBE800113  -0.2500081956386566
+R2    0x3E4CD003  0.20001225173473358
+R3    0xBE2A3924  -0.1662335991859436
+R4    0x3E116D09  0.14201749861240387
+R5    0xBE06C2A2  -0.13160184025764465
+R6    0x3E02ADB5  0.1276157647371292
+R7    0xBD9C5ABE  -0.07634495198726654
+====  ==========  ======================
 
 exp_c(x)
 --------
@@ -37,8 +55,10 @@ Special cases, decided first: NaN -> the canonical NaN (0x7FC00000); ``x > 89`` 
 
 1. ``t = RN(x * LOG2E)``
 2. ``k = round_half_even(t)``, an integer in [-150, 128]; ``kf = float(k)`` (exact, +0 for 0)
-3. ``r1 = RN(x - RN(kf * LN2_HI))`` -- both operations exact (Cody-Waite; for |k| >= 2 by
-   Sterbenz's lemma, for |k| = 1 because the difference is a multiple of 2**-25 below 1/2)
+3. ``r1 = RN(x - RN(kf * LN2_HI))`` -- both operations exact (Cody-Waite): the product has at
+   most 24 significant bits; the difference is exact by Sterbenz's lemma when |k| >= 2 or
+   |x| >= 1/2, and otherwise (|k| = 1, |x| < 1/2) it is a multiple of 2**-25 below 1/2 in
+   magnitude. ``tools/fit_transcendentals.py`` checks every x with 1/8 <= |x| < 2.
 4. ``c = RN(kf * LN2_LO)``
 5. ``r = RN(r1 - c)``; |r| <= 0.3467
 6. the rounding error of step 5, by TwoSum (exact): ``v = RN(r - r1)``,
@@ -105,23 +125,23 @@ CANONICAL_NAN_BITS = 0x7FC00000
 
 #: exp: q(r) = Q0 + Q1 r + Q2 r^2 + Q3 r^3 + Q4 r^4 ~ (e^r - 1 - r) / r^2 on |r| <= 0.3467.
 EXP_COEFFS: tuple[int, ...] = (
-    0x3EFFFFFF,  # Q0
-    0x3E2AAAA8,  # Q1
-    0x3D2AAF3B,  # Q2
-    0x3C091E8C,  # Q3
-    0x3AB43F8D,  # Q4
+    0x3EFFFFFE,  # Q0 = 0.4999999403953552
+    0x3E2AAA49,  # Q1 = 0.1666652113199234
+    0x3D2AAC79,  # Q2 = 0.04166838899254799
+    0x3C091D01,  # Q3 = 0.00836873147636652
+    0x3AB511F8,  # Q4 = 0.001381455920636654
 )
 
 #: log: q(f) = R0 + R1 f + ... + R7 f^7 ~ (log1p(f) - f + f^2/2) / f^3 on [-0.2929, 0.4142).
 LOG_COEFFS: tuple[int, ...] = (
-    0x3EAAAAAB,  # R0
-    0xBE800000,  # R1
-    0x3E4CCCCD,  # R2
-    0xBE2AAAAB,  # R3
-    0x3E124925,  # R4
-    0xBE000000,  # R5
-    0x3DE38E39,  # R6
-    0xBDCCCCCD,  # R7
+    0x3EAAAAAA,  # R0 = 0.3333333134651184
+    0xBE800113,  # R1 = -0.2500081956386566
+    0x3E4CD003,  # R2 = 0.20001225173473358
+    0xBE2A3924,  # R3 = -0.1662335991859436
+    0x3E116D09,  # R4 = 0.14201749861240387
+    0xBE06C2A2,  # R5 = -0.13160184025764465
+    0x3E02ADB5,  # R6 = 0.1276157647371292
+    0xBD9C5ABE,  # R7 = -0.07634495198726654
 )
 
 

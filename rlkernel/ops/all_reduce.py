@@ -1,4 +1,4 @@
-"""Public ``all_reduce``: the exact int64 reduction of tensor parallelism, in one process (contract ``all_reduce`` v1)."""
+"""Public ``all_reduce``: the exact int64 reduction of tensor parallelism in one process (contract v1)."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row exponents of one shard's K-slice, for row-parallel ``linear``.
 
-    ``ex_i = expo(max_k |x_ik|)``, ``ew_j = expo(max_k |w_jk|)``; ``2**20`` for a row with NaN/inf, ``-149`` for a zero row
+    ``ex_i = expo(max_k |x_ik|)``, ``ew_j = expo(max_k |w_jk|)``; ``2**20`` if NaN/inf, ``-149`` if all zero
 
     Parameters
     ----------

@@ -307,7 +307,8 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
             raise ValueError(f"{op}: partial=True and grad_output are exclusive; the gradient is elementwise")
         g = _fp32_tensor(op, "grad_output", grad_output)
         if g.numel() != 1:
-            raise ValueError(f"{op}: grad_output has shape {tuple(g.shape)}; expected a scalar [] (the loss is a scalar)")
+            raise ValueError(f"{op}: grad_output has shape {tuple(g.shape)}; expected a scalar [] "
+                             f"(the loss is a scalar)")
         v.same_device(op, [("logp", logp), ("grad_output", g)])
         return dispatch.call(op, device, **inputs, grad_output=g.detach().reshape(()), **kwargs)
     if partial or not (torch.is_grad_enabled() and logp.requires_grad):

@@ -21,6 +21,8 @@ from rlkernel.contracts import rope as _contract
 MAX_POSITION = _contract.MAX_POSITION
 #: Smallest number of rows a cached table is built with.
 MIN_TABLE_ROWS = 4096
+#: Largest growth step of a cached table (rows); below it a table doubles.
+MAX_TABLE_GROWTH = 1 << 20
 
 _cache: dict[tuple[int, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
 _lock = threading.Lock()
@@ -74,14 +76,15 @@ def rope_tables(max_position: int, head_dim: int, theta: float = 1e6,
 
 
 def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cached tables with at least ``rows`` rows (grown by doubling, capped at 2**24)."""
+    """Cached tables with at least ``rows`` rows (grown by doubling, at most 2**20 rows beyond the
+    request, capped at 2**24)."""
     key = (head_dim, theta, str(device))
     with _lock:
         have = _cache.get(key)
         old = 0 if have is None else have[0].shape[0]
         if old >= rows and have is not None:
             return have
-        new = min(MAX_POSITION, max(rows, 2 * old, MIN_TABLE_ROWS))
+        new = min(MAX_POSITION, max(rows, old + min(old, MAX_TABLE_GROWTH), MIN_TABLE_ROWS))
         cos, sin = _contract.table_rows(torch.arange(old, new).numpy(), head_dim, theta)
         cos, sin = cos.to(device), sin.to(device)
         if have is not None:

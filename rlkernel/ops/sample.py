@@ -25,15 +25,15 @@ def _per_row(op: str, name: str, value: object, b: int, device: torch.device, dt
             raise ValueError(f"{op}: {name} is on {value.device} but logits is on {device}; move all inputs to "
                              f"one device")
         return v.contiguous(value)
-    ok = isinstance(value, numbers.Integral) if dtype == torch.int64 else isinstance(value, numbers.Real)
-    if isinstance(value, bool) or not ok:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if dtype == torch.int64 else numbers.Real):
         raise TypeError(f"{op}: {name} must be a {str(dtype).replace('torch.', '')} tensor [B] or a Python {kind}, "
                         f"got {type(value).__name__}")
-    if dtype == torch.float32:
-        value = float(value)  # type: ignore[arg-type]  # then rounded once to fp32 (RNE)
-        if value > 0 and float(torch.tensor(value, dtype=torch.float32)) == 0:
-            raise ValueError(f"{op}: {name} = {value!r} rounds to 0 in fp32; pass 0 explicitly or a value >= 1.4e-45")
-    return torch.full((b,), value, dtype=dtype, device=device)  # type: ignore[arg-type]
+    if dtype == torch.int64:
+        return torch.full((b,), int(value), dtype=dtype, device=device)  # type: ignore[call-overload]
+    number = float(value)  # rounded once to fp32 (RNE) by torch.full
+    if number > 0 and float(torch.tensor(number, dtype=torch.float32)) == 0:
+        raise ValueError(f"{op}: {name} = {number!r} rounds to 0 in fp32; pass 0 explicitly or a value >= 1.4e-45")
+    return torch.full((b,), number, dtype=dtype, device=device)
 
 
 def _check_values(op: str, name: str, bad: torch.Tensor, t: torch.Tensor, expected: str) -> None:
