@@ -57,7 +57,8 @@ CONTRACT = Contract(
 # An entry whose c64 lies farther than B from every midpoint between adjacent fp32 numbers
 # rounds to the same fp32 as the exact value. The others (about 2**-23 of all entries) are
 # recomputed with mpmath at 60 significant digits and rounded to fp32 by comparing with the
-# exact midpoints (an entry within 1e-55 relative of a midpoint would raise; none exists).
+# exact midpoints (an entry within 1e-55 relative of a midpoint raises rather than guess; an
+# exact tie is impossible for p > 0, the values being transcendental, and none has been seen).
 
 _TURN_BITS = 90
 _LIMB = 30

@@ -65,8 +65,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, module in modules.items():
         contract = module.CONTRACT
         print(f"  {name:<17} v{contract.version}  {contract.summary}")
-    for name, exc in broken.items():
-        print(f"  {name:<17} FAILED to import: {type(exc).__name__}: {exc}")
+    for name, error in broken.items():
+        print(f"  {name:<17} FAILED to import: {type(error).__name__}: {error}")
     for name in missing:
         print(f"  {name:<17} (not present)")
     return EXIT_FAILED if broken else status

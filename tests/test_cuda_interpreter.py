@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: largest case the interpreter runs, in "work" units: elements for elementwise/row ops,
 #: multiply-adds for matmul-like ops (linear, token_logprobs, attention)
-MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs": 1 << 22, "attention": 1 << 21}
+MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs": 1 << 21, "attention": 1 << 21}
 #: child-process time limit (seconds)
-CHILD_TIMEOUT = 1500
+CHILD_TIMEOUT = 3600
 
 
 # --------------------------------------------------------------------------------------------

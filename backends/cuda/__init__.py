@@ -17,6 +17,8 @@ from rlkernel.backend import Backend
 #: then raises an error naming the backends that have it (never a silent fallback).
 KERNELS: dict[str, str] = {
     "all_reduce": "all_reduce:all_reduce",
+    "attention": "attention:attention",
+    "attention_paged": "attention:attention_paged",
     "embedding": "embedding:embedding",
     "linear": "linear:linear",
     "linear_exponents": "linear:linear_exponents",

@@ -12,10 +12,12 @@ the vocabulary in chunks of ``vc`` weight rows:
 
 The weight's digit planes of one vocabulary chunk (three fp32 planes and their temporaries,
 about :data:`_W_BYTES` per weight element) are bounded by :data:`WORK_BYTES`; they are rebuilt
-for every token chunk (a token chunk holds up to ~200 rows at V = 151936, so the rebuild is
-small next to the nine digit GEMMs). The logits block, the planes and the exp/grid slices are
-not alive together beyond the block, so the extra memory beyond the inputs and the output stays
-below ``LOGITS_BYTES + 2 * WORK_BYTES`` (256 MiB), whatever T and V are.
+for every token chunk (a token chunk holds up to 165 rows at V = 151936, so the rebuild is
+small next to the nine digit GEMMs). Each of three groups of temporaries is bounded by
+:data:`WORK_BYTES`: the hidden chunk's digit planes, one vocabulary chunk's weight planes, and
+either the digit-GEMM products of a [tc, vc] block or the exp/grid terms of a [tc, vs] slice.
+So the extra memory beyond the inputs and the output stays below
+``LOGITS_BYTES + 3 * WORK_BYTES`` = 240 MiB, whatever T and V are.
 
 Digits: the 21-bit grid value ``RNE(x * 2**(20 - e))`` (P5) and its three balanced base-128
 digits are computed in fp32 alone: the power-of-two scaling is exact (two normal factors), and
@@ -37,9 +39,9 @@ from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, n
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
 
 #: Bytes of the fp32 logits block one token chunk keeps (``token_logprobs`` only).
-LOGITS_BYTES = 128 << 20
+LOGITS_BYTES = 96 << 20
 #: Bytes of per-block temporaries: weight digit planes, hidden digit planes, exp/grid terms.
-WORK_BYTES = 64 << 20
+WORK_BYTES = 48 << 20
 #: Bytes per element of a vocabulary chunk's digit planes and their fp32 temporaries.
 _W_BYTES = 32
 #: 1.5 * 2**23: ``(t + _ROUNDER) - _ROUNDER`` is t rounded to an integer, ties to even (|t| <= 2**22).

@@ -2,48 +2,27 @@
 
 Every op has the same name in every layer: ``contracts/<op>.py`` defines it bitwise,
 ``backends/<vendor>/<op>.py`` implements it, and ``rlkernel.ops.<op>`` is what users call.
+The functions are bound eagerly: a submodule named like its op (``rlkernel.ops.rms_norm``)
+would otherwise shadow the function once imported.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rlkernel.ops.all_reduce import all_reduce
+from rlkernel.ops.attention import attention, attention_paged
+from rlkernel.ops.embedding import embedding
+from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial
+from rlkernel.ops.rl import group_advantages, kl_k3, masked_mean, ppo_loss
+from rlkernel.ops.rms_norm import rms_norm
+from rlkernel.ops.rope import rope, rope_tables
+from rlkernel.ops.sample import sample
+from rlkernel.ops.silu_mul import silu_mul
+from rlkernel.ops.softmax import log_softmax, softmax
+from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
 
-#: public op name -> module under rlkernel.ops that defines it
-_OPS = {
-    "embedding": "embedding",
-    "linear": "linear",
-    "linear_exponents": "linear",
-    "linear_partial": "linear",
-    "linear_finish": "linear",
-    "rms_norm": "rms_norm",
-    "rope": "rope",
-    "rope_tables": "rope",
-    "silu_mul": "silu_mul",
-    "softmax": "softmax",
-    "log_softmax": "softmax",
-    "token_logprobs": "token_logprobs",
-    "token_logprobs_partial": "token_logprobs",
-    "token_logprobs_finish": "token_logprobs",
-    "attention": "attention",
-    "attention_paged": "attention",
-    "all_reduce": "all_reduce",
-    "sample": "sample",
-    "group_advantages": "rl",
-    "ppo_loss": "rl",
-    "kl_k3": "rl",
-    "masked_mean": "rl",
-}
-
-__all__ = sorted(_OPS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _OPS.get(name)
-    if module is None:
-        raise AttributeError(f"rlkernel.ops has no op {name!r}; ops: {', '.join(sorted(_OPS))}")
-    return getattr(importlib.import_module(f"rlkernel.ops.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__ = [
+    "all_reduce", "attention", "attention_paged", "embedding", "group_advantages", "kl_k3", "linear",
+    "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
+    "rms_norm", "rope", "rope_tables", "sample", "silu_mul", "softmax", "token_logprobs",
+    "token_logprobs_finish", "token_logprobs_partial",
+]

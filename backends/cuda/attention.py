@@ -1,0 +1,260 @@
+"""``attention`` and ``attention_paged`` on Triton (contract ``attention`` v1, DESIGN R4a).
+
+One program per (query block of BLOCK_M rows, sequence, query head). Everything is made in
+registers from the bf16/fp16 tensors; D (the head dim) is one tile, so every row exponent (of a
+q, k or v row) is exact:
+
+- scores: q and k rows on their own 21-bit grids, three base-128 int8 digits each, nine
+  ``tl.dot(int8, int8, out_dtype=int32)`` into five level accumulators, folded exactly into
+  int64, ``ldexp_c(int_to_fp32(C), eq + ek - 40)`` (NaN for non-finite rows), ``RN32(y * scale)``;
+- pass 1 over the allowed keys: the R5 row max ``m_i`` (integer order keys + NaN flag), and
+  ``E_i`` = max exponent of the allowed non-zero V rows (and whether an allowed V row is
+  non-finite);
+- pass 2: scores again, ``p = exp_c(s - m)``; ``L += RNE(p * 2**20)`` (int64) and
+  ``R = RNE(p * 2**(20 + e_j - E_i))``; ``O += R @ Vint`` as nine int8 digit products (R and
+  Vint both <= 2**20 in magnitude), folded into int64 per key tile;
+- ``out = ldexp_c(int_to_fp32(O), E - 40) ÷ ldexp_c(int_to_fp32(L), -20)`` (IEEE division), cast.
+
+Every sum is an integer sum, so the key tiling (BLOCK_N), the paging (block size) and the
+position of a sequence in the batch cannot change a bit. ``attention_paged`` reads keys through
+the block table (``PAGED``); otherwise the two are the same kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rlkernel import dispatch
+
+from . import _tl_exact as E
+from ._common import LAUNCH, OUT_CODE, f32_bits
+from .linear import _ldexp_clamped
+
+MAX_KEYS = 1 << 22
+#: interpreter tests shrink the tiles
+SMALL_TILES = False
+
+
+@triton.jit
+def _row_digits(v, AXIS: tl.constexpr):
+    """Exponent (sentinel 2**20 if non-finite), zero flag and 21-bit digits of rows of ``v`` along AXIS."""
+    fin = E.is_finite(v)
+    top = tl.max(tl.where(fin, E.abs_bits(v), 0), axis=AXIS)
+    bad = tl.max((~fin).to(tl.int32), axis=AXIS) != 0
+    e = E.expo_from_abs_bits(top)
+    if AXIS == 1:
+        g = E.grid_int(v, e[:, None])
+    else:
+        g = E.grid_int(v, e[None, :])
+    d0, d1, d2 = E.split3(g)
+    return e, bad, top == 0, d0, d1, d2
+
+
+@triton.jit
+def _dot9(a0, a1, a2, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
+    """Exact int64 ``A @ B`` from three int8 digits of each operand (levels in int32)."""
+    l0 = tl.dot(a0, b0, out_dtype=tl.int32)
+    l1 = tl.dot(a0, b1, out_dtype=tl.int32)
+    l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+    l2 = tl.dot(a0, b2, out_dtype=tl.int32)
+    l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+    l3 = tl.dot(a1, b2, out_dtype=tl.int32)
+    l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+    l4 = tl.dot(a2, b2, out_dtype=tl.int32)
+    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+
+
+@triton.jit
+def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl.constexpr):
+    """Row index (in units of the t/slot axis) of key positions ``pos`` of sequence ``b``."""
+    if PAGED:
+        blk = tl.load(table_ptr + b * table_stride + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+        return blk * block_size + pos % block_size
+    else:
+        return (k0 + pos).to(tl.int64)
+
+
+@triton.jit
+def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k_ptr, table_ptr,
+                          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, table_stride, block_size,
+                          D, group, scale_bits,
+                          PAGED: tl.constexpr, CAUSAL: tl.constexpr, OUT: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    mb = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    g = h // group
+    q0 = tl.load(cu_q_ptr + b).to(tl.int64)
+    lq = tl.load(cu_q_ptr + b + 1).to(tl.int64) - q0
+    if PAGED:
+        k0 = 0
+        lk = tl.load(lens_k_ptr + b).to(tl.int64)
+    else:
+        k0 = tl.load(cu_k_ptr + b).to(tl.int64)
+        lk = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
+    if mb * BLOCK_M < lq:
+        scale = scale_bits.to(tl.float32, bitcast=True)
+        qi = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # segment-local query index
+        q_ok = qi < lq
+        rd = tl.arange(0, BLOCK_D)
+        d_ok = rd < D
+        qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + h * sq_h + rd[None, :],
+                              mask=q_ok[:, None] & d_ok[None, :], other=0.0))
+        eq, q_bad, q_zero, qd0, qd1, qd2 = _row_digits(qv, 1)
+        eq_safe = tl.where(q_bad, 0, eq)
+        if CAUSAL:
+            limit = lk - lq + qi  # last allowed key per row
+            kv_end = tl.minimum(lk, lk - lq + tl.minimum(mb * BLOCK_M + BLOCK_M, lq))
+        else:
+            limit = qi * 0 + lk - 1
+            kv_end = lk
+        rn = tl.arange(0, BLOCK_N)
+
+        # ---- pass 1: R5 max of the scores, E = max V exponent, non-finite V rows -------------
+        best = tl.full([BLOCK_M], -2147483647, tl.int32)
+        nanf = tl.zeros([BLOCK_M], tl.int32)
+        e_big = tl.full([BLOCK_M], -1073741824, tl.int32)
+        vbad_any = tl.zeros([BLOCK_M], tl.int32)
+        for j0 in range(0, kv_end, BLOCK_N):
+            pos = j0 + rn
+            pos_ok = pos < lk
+            rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
+            kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
+                                  mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
+            ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
+            c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
+            y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
+            y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
+            s = y * scale
+            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+            nan = E.is_nan(s)
+            best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
+            nanf = tl.maximum(nanf, tl.max((allowed & nan).to(tl.int32), axis=1))
+            vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
+                                  mask=pos_ok[:, None] & d_ok[None, :], other=0.0))  # [N, D]
+            fin = E.is_finite(vt)
+            vtop = tl.max(tl.where(fin, E.abs_bits(vt), 0), axis=1)
+            vbad = tl.max((~fin).to(tl.int32), axis=1) != 0
+            ev = E.expo_from_abs_bits(vtop)
+            contrib = allowed & (vtop != 0)[None, :]
+            e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
+            vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
+        m = E.key_to_f32(best)
+        m = tl.where(nanf != 0, E.canonical_nan_f32(m), m)
+        e_row = tl.where(e_big == -1073741824, 0, e_big)
+
+        # ---- pass 2: p = exp_c(s - m); L and O as exact integer sums ---------------------------
+        big_l = tl.zeros([BLOCK_M], tl.int64)
+        big_o = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
+        pbad = tl.zeros([BLOCK_M], tl.int32)
+        for j0 in range(0, kv_end, BLOCK_N):
+            pos = j0 + rn
+            pos_ok = pos < lk
+            rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
+            kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
+                                  mask=pos_ok[None, :] & d_ok[:, None], other=0.0))
+            ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
+            c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
+            y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
+            y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
+            s = y * scale
+            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+            p = E.exp_c(s - m[:, None])
+            p = tl.where(allowed, p, 0.0)
+            pnan = E.is_nan(p)
+            pbad = tl.maximum(pbad, tl.max((pnan & allowed).to(tl.int32), axis=1))
+            p = tl.where(pnan, 0.0, p)
+            vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
+                                  mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
+            ev, v_bad, v_zero, vd0, vd1, vd2 = _row_digits(vt, 1)
+            contrib = allowed & ~v_zero[None, :]
+            r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 20), 0)
+            big_l += tl.sum(tl.where(allowed, E.to_fixed(p, 0, 20), 0), axis=1)
+            rd0, rd1, rd2 = E.split3(r.to(tl.int32))
+            big_o += _dot9(rd0, rd1, rd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+
+        num = E.ldexp_c(E.int64_to_f32(big_o), e_row[:, None] - 40)
+        den = E.ldexp_c(E.int64_to_f32(big_l), -20)
+        out = tl.math.div_rn(num, den[:, None])
+        bad = (pbad != 0) | (vbad_any != 0)
+        out = tl.where(bad[:, None], E.canonical_nan_f32(out), out)
+        tl.store(o_ptr + (q0 + qi)[:, None] * so_t + h * so_h + rd[None, :], E.cast_out(out, OUT),
+                 mask=q_ok[:, None] & d_ok[None, :])
+
+
+def _tiles(d: int) -> tuple[int, int, int, int]:
+    bd = max(16, triton.next_power_of_2(d))
+    if SMALL_TILES:
+        return 16, 16, bd, 1
+    return 32, 32, bd, 4
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor | None,
+            lens_k: torch.Tensor | None, table: torch.Tensor | None, block_size: int, hkv: int,
+            scale: float | None, causal: bool, paged: bool) -> torch.Tensor:
+    tq, hq, d = q.shape
+    out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
+    cq = [int(x) for x in cu_q.tolist()]
+    n_seq = len(cq) - 1
+    max_lq = max((cq[i + 1] - cq[i] for i in range(n_seq)), default=0)
+    if tq == 0 or n_seq == 0 or max_lq == 0:
+        return out
+    if scale is None:
+        from rlkernel.backends.generic.attention import default_scale
+
+        scale = default_scale(d)
+    bm, bn, bd, warps = _tiles(d)
+    group = hq // hkv
+    dummy = cu_q
+    grid = (triton.cdiv(max_lq, bm), n_seq, hq)
+    _attention_fwd_kernel[grid](
+        q, k, v, out, cu_q, cu_k if cu_k is not None else dummy, lens_k if lens_k is not None else dummy,
+        table if table is not None else dummy,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
+        PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
+        num_warps=warps, num_stages=1, **LAUNCH)
+    return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+              cu_seqlens_k: torch.Tensor, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+    """Kernel ``attention``: q [Tq, Hq, D], k/v [Tk, Hkv, D] (bf16/fp16, last axis contiguous), packed."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    dispatch.note_kernel("triton-varlen")
+    return _launch(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, 1, k.shape[1],
+                   scale, causal, paged=False)
+
+
+def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens_k: torch.Tensor, cu_seqlens_q: torch.Tensor, scale: float | None = None,
+                    causal: bool = True) -> torch.Tensor:
+    """Kernel ``attention_paged``: k/v cache [num_blocks, block_size, Hkv, D] read through ``block_table``."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    nb, bs, hkv, d = k_cache.shape
+    kc = k_cache.contiguous().view(nb * bs, hkv, d)  # rows = block * block_size + slot
+    vc = v_cache.contiguous().view(nb * bs, hkv, d)
+    dispatch.note_kernel("triton-paged")
+    return _launch(q, kc, vc, cu_seqlens_q.contiguous(), None, seq_lens_k.contiguous(), block_table.contiguous(),
+                   bs, hkv, scale, causal, paged=True)
+
+
+def static_specs():
+    specs = []
+    for dt in ("bf16", "fp16"):
+        for paged in (False, True):
+            specs.append(("attention" if not paged else "attention_paged", f"{dt}_d128", _attention_fwd_kernel,
+                          {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}",
+                           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "lens_k_ptr": "*i32", "table_ptr": "*i32",
+                           "sq_t": "i64", "sq_h": "i64", "sk_t": "i64", "sk_h": "i64", "sv_t": "i64", "sv_h": "i64",
+                           "so_t": "i64", "so_h": "i64", "table_stride": "i64", "block_size": "i32", "D": "i32",
+                           "group": "i32", "scale_bits": "i32", "PAGED": "constexpr", "CAUSAL": "constexpr",
+                           "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                           "BLOCK_D": "constexpr"},
+                          {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": 64,
+                           "BLOCK_N": 32, "BLOCK_D": 128}))
+    return specs
