@@ -89,6 +89,7 @@ def _small(dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
         (lambda i: i.update(k=i["k"].half()), TypeError, "cast one so they match"),
         (lambda i: i.update(q=i["q"][:, :, None]), ValueError, "expected [Tq, Hq, D]"),
         (lambda i: i.update(q=i["q"][:, :3]), ValueError, "positive multiple"),
+        (lambda i: i.update(q=i["q"][:, :0]), ValueError, "positive multiple"),
         (lambda i: i.update(v=i["v"][:, :, :4]), ValueError, "expected equal shapes"),
         (lambda i: i.update(cu_seqlens_q=i["cu_seqlens_q"].float()), TypeError, "cu_seqlens_q has dtype"),
         (lambda i: i.update(cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32)), ValueError, "[-1] = 5"),
@@ -332,3 +333,26 @@ def test_accuracy_against_float64_and_sdpa(dtype: torch.dtype) -> None:
     assert ours_err.mean() <= theirs_err.mean()
     correctly_rounded = (ours.view(torch.int16) == truth.to(dtype).view(torch.int16)).double().mean()
     assert correctly_rounded > 0.95
+
+
+def test_accuracy_bench_baselines_compute_the_same_function() -> None:
+    """The SDPA baselines of the bench cases (given the bench's in-order block layout) agree with
+    the op to bf16 accuracy; the declared work formulas are positive and the names unique."""
+    hq, hkv, d, bs, b, ctx = 4, 2, 16, 16, 3, 32
+    inputs = contract.make_pack("bench_baseline", [(1, ctx)] * b, hq, hkv, d, torch.bfloat16)
+    paged = contract.to_paged(inputs, bs, "bench_baseline", spare_blocks=0, table_pad=0)
+    order = paged["block_table"].to(torch.int64).reshape(-1)  # lay the blocks out in order, as the bench does
+    paged.update(k_cache=paged["k_cache"][order], v_cache=paged["v_cache"][order],
+                 block_table=torch.arange(b * ctx // bs, dtype=torch.int32).view(b, ctx // bs))
+    ours = attention_paged(**paged).double()
+    native = contract._sdpa_paged_decode(**paged).double()
+    assert (ours - native).abs().max() <= 2.0**-6
+
+    prefill = contract.make_pack("bench_prefill", [(40, 40)], hq, hkv, d, torch.bfloat16)
+    ours = attention(**prefill).double()
+    native = contract._sdpa_varlen_prefill(**prefill).double()
+    assert (ours - native).abs().max() <= 2.0**-6
+
+    cases = contract.bench_cases()
+    assert len({c.name for c in cases}) == len(cases)
+    assert all(c.flops > 0 and c.bytes > 0 for c in cases)

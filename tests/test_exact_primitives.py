@@ -81,6 +81,18 @@ def test_ldexp_generic_equals_reference(k_range):
     assert_same_bits(ref_fp32.ldexp_c(y, k), gen_fp32.scale_pow2(y, k))
 
 
+def test_ldexp_far_out_of_range_matches_reference():
+    y = torch.tensor([2.0**63, -(2.0**40), 3.0, -1.0, 2.0**-20, 1.0])
+    k = torch.tensor([-253, -336, -400, -260, 300, 255])
+    assert_same_bits(ref_fp32.ldexp_c(y, k), gen_fp32.scale_pow2(y, k))
+
+
+def test_digit_matmul_tiny_rows():
+    x = torch.tensor([[2.0**-130, 0.0]], dtype=torch.bfloat16)
+    w = torch.tensor([[-(2.0**-131), 1e-40]], dtype=torch.bfloat16)
+    assert_same_bits(ref_digits.digit_matmul(x, w), gen_digits.matmul_exact(x, w))
+
+
 def test_fixed_sum_exact_against_integers_and_generic():
     t = normal(5, (40, 700), dtype=torch.float32) * torch.logspace(-40, 30, 40).unsqueeze(1).float()
     e = ref_fixed.grid_exponent(t, 1)

@@ -101,8 +101,12 @@ Special cases: NaN or ``x < 0`` (including -inf) -> the canonical NaN; ``x = +-0
 
 ``log_c(1)`` is exactly +0 (every intermediate is +0).
 
-Accuracy (measured, docs/accuracy-exp-log.md, every fp32 input): see that file; the target
-of R2 is at most 1 ulp from the correctly rounded result over the whole finite range.
+Accuracy (target of R2: at most 1 ulp from the correctly rounded result over the whole
+finite range). Measured over all 2**32 inputs against float64 truth (docs/accuracy-exp-log.md,
+``tools/measure_transcendentals.py exhaustive``): exp_c max 0.78 ulp (at a subnormal result;
+0.70 ulp over normal results), 99.81 % correctly rounded on [-104, 89]; log_c max 0.69 ulp,
+99.93 % correctly rounded on the positive finite numbers. The device-generic implementation
+agreed bit for bit on all 2**32 inputs, on the CPU and on an NVIDIA H200.
 """
 
 from __future__ import annotations

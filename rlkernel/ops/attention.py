@@ -86,7 +86,7 @@ def _heads(op: str, q: torch.Tensor, k_name: str, k: torch.Tensor, v_name: str, 
         raise ValueError(f"{op}: {k_name} has head_dim {k.shape[-1]} but q has head_dim {d}; expected equal")
     if d < 1:
         raise ValueError(f"{op}: head_dim is 0; expected D >= 1")
-    if hkv < 1 or hq % hkv:
+    if hq < 1 or hkv < 1 or hq % hkv:
         raise ValueError(f"{op}: q has {hq} heads and {k_name} has {hkv}; expected Hq to be a positive multiple "
                          f"of Hkv (grouped-query attention: query head h reads KV head h // (Hq // Hkv))")
 

@@ -44,7 +44,13 @@ def pow2_f32(k: torch.Tensor) -> torch.Tensor:
 
 
 def scale_pow2(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``(y * 2**a) * 2**(k - a)``, ``a = floor(k / 2)``: two fp32 multiplies."""
+    """``(y * 2**a) * 2**(k - a)``, ``a = floor(k / 2)``: two fp32 multiplies.
+
+    k is clamped to [-252, 254], where both factors are normal powers of two. For the
+    |y| < 2**64 that the contracts scale (int64 totals), every k below -252 gives +-0 and
+    every k above 254 gives +-inf either way, so the clamp changes no bit.
+    """
+    k = k.clamp(min=-252, max=254)
     a = torch.div(k, 2, rounding_mode="floor")
     return (y * pow2_f32(a)) * pow2_f32(k - a)
 
