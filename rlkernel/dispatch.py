@@ -78,7 +78,7 @@ def select(op: str, device: torch.device) -> Backend:
     return backend_for(device.type, _state().forced)
 
 
-def call(op: str, device: torch.device, **kwargs: Any) -> Any:
+def call(op: str, device: torch.device, /, **kwargs: Any) -> Any:
     """Run ``op`` on the backend serving ``device`` with keyword arguments ``kwargs``."""
     backend = select(op, device)
     fn = backend.kernel(op)

@@ -20,6 +20,8 @@ MAX_K = 1 << 22
 
 def row_exponent(x: torch.Tensor) -> torch.Tensor:
     """``expo(max_k |x_k|)`` over the last axis, finite entries only (0 for a zero row)."""
+    if x.shape[-1] == 0:
+        return torch.zeros(x.shape[:-1], dtype=torch.int64)
     finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     return expo(finite.abs().amax(dim=-1))
 

@@ -18,6 +18,8 @@ MAX_K = 1 << 22
 
 def row_exponents(x: torch.Tensor) -> torch.Tensor:
     """Exponent of each row's largest finite magnitude (0 for a zero row); int64 [rows]."""
+    if x.shape[-1] == 0:
+        return torch.zeros(x.shape[:-1], dtype=torch.int64, device=x.device)
     finite = torch.where(torch.isfinite(x), x, 0.0).to(torch.float32)
     return exponent(finite.abs().amax(dim=-1))
 
