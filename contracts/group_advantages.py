@@ -14,7 +14,7 @@ import torch
 
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
 from rlkernel.contracts._exact import superacc
-from rlkernel.contracts._exact.fp32 import canonicalize
+from rlkernel.contracts._exact.fp32 import canonicalize, sqrt_rn
 from rlkernel.contracts._gen import integers, normal, seed_of, special_values
 
 CONTRACT = Contract(
@@ -77,7 +77,7 @@ def reference(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = True) -> t
         return canonicalize(d)
     if n > 1:
         var = superacc.exact_sum(d * d, dim=1) / torch.tensor(float(n - 1), dtype=torch.float32)
-        std = torch.sqrt(var)
+        std = sqrt_rn(var)
     else:
         std = torch.zeros(g, dtype=torch.float32)
     eps32 = torch.tensor(float(eps), dtype=torch.float64).to(torch.float32)

@@ -14,7 +14,7 @@ import torch
 
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
 from rlkernel.contracts._exact.fixed import F_SUM, fixed_sum
-from rlkernel.contracts._exact.fp32 import canonicalize, round_to
+from rlkernel.contracts._exact.fp32 import canonicalize, round_to, sqrt_rn
 from rlkernel.contracts._gen import normal, seed_of, special_values, with_outlier_channels
 
 #: Largest hidden size: H terms of magnitude <= 2**40 must sum below 2**63 (P4, F = 40).
@@ -85,7 +85,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch
     s = fixed_sum(sq, dim=-1, frac_bits=F_SUM, op="rms_norm")
     mean = s / torch.tensor(float(hidden), dtype=torch.float32)
     eps32 = torch.tensor(eps, dtype=torch.float32)
-    r = torch.tensor(1.0, dtype=torch.float32) / torch.sqrt(mean + eps32)
+    r = torch.tensor(1.0, dtype=torch.float32) / sqrt_rn(mean + eps32)
     h = (xf * r.unsqueeze(-1)).to(x.dtype).to(torch.float32)
     y = weight.to(torch.float32) * h
     return round_to(y, x.dtype) if x.dtype != torch.float32 else canonicalize(y)

@@ -32,6 +32,8 @@ from ._common import LAUNCH, OUT_CODE
 
 GRID = 20
 SENTINEL = 1 << 20
+#: exponent of an all-zero row or an empty K-slice: below every real exponent (a MAX over shards ignores it)
+ZERO_EXP = -149
 MAX_K = 1 << 22
 #: int32 level accumulators are folded into int64 every K_CHUNK (3 * 2**12 * 2**16 < 2**31)
 K_CHUNK = 1 << 16
@@ -64,7 +66,8 @@ def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stri
             fin = E.is_finite(v)
             top = tl.maximum(top, tl.where(fin & mask, E.abs_bits(v), 0))
             bad = tl.maximum(bad, (~fin & mask).to(tl.int32))
-        e = E.expo_from_abs_bits(tl.max(top, axis=0))
+        top1 = tl.max(top, axis=0)
+        e = tl.where(top1 == 0, -149, E.expo_from_abs_bits(top1))  # ZERO_EXP: below every real exponent
         e = tl.where(tl.max(bad, axis=0) != 0, 1048576, e)
         tl.store(e_ptr + row, e.to(tl.int64))
     live = e != 1048576
@@ -173,7 +176,8 @@ def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
             fin = E.is_finite(wt)
             top = tl.maximum(top, tl.where(fin & kmask, E.abs_bits(wt), 0))
             bad = tl.maximum(bad, (~fin & kmask).to(tl.int32))
-        ew = E.expo_from_abs_bits(tl.max(top, axis=0))
+        top1 = tl.max(top, axis=0)
+        ew = tl.where(top1 == 0, -149, E.expo_from_abs_bits(top1))
         ew = tl.where(tl.max(bad, axis=0) != 0, 1048576, ew)
     w_live = ew != 1048576
     ew_safe = tl.where(w_live, ew, 0)
@@ -239,7 +243,7 @@ def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True) 
         _linear_digits_kernel[(rows,)](t, e, d, k, t.stride(0), t.stride(1), rows * k, HAS_E=has_e,
                                        WRITE=write, BLOCK_K=block, num_warps=4, **LAUNCH)
     elif not has_e:
-        e.zero_()
+        e.fill_(ZERO_EXP)
     return d, e
 
 
@@ -272,7 +276,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     if k == 0:
         if finish:
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
-                           ex, torch.zeros(n, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
+                           ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
     bm, bn, bk, warps, stages = _tiles(m, decode)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))

@@ -234,10 +234,10 @@ def static_specs():
     specs = []
     for dt in ("bf16", "fp16"):
         for phase in (1, 2):
+            ints = "*i32" if phase == 1 else "*i64"  # phase 1 stores int32 keys, phase 2 int64 sums
             specs.append(("token_logprobs", f"{dt}_pass{phase}", _tlp_pass_kernel,
                           {"xd_ptr": "*i8", "w_ptr": f"*{dt}", "ex_ptr": "*i64", "ew_ptr": "*i64", "tgt_ptr": "*i64",
-                           "m_ptr": "*fp32", "key_ptr": "*i32" if phase == 1 else "*i64", "nan_ptr": "*i32" if phase == 1
-                           else "*i64", "sum_ptr": "*i32" if phase == 1 else "*i64", "zt_ptr": "*i32",
+                           "m_ptr": "*fp32", "key_ptr": ints, "nan_ptr": ints, "sum_ptr": ints, "zt_ptr": "*i32",
                            "bad_ptr": "*i32", "T": "i32", "V": "i32", "K": "i32", "x_plane": "i64",
                            "stride_wn": "i64", "stride_wk": "i64", "vocab_start": "i64", "tau_bits": "i32",
                            "v_per_split": "i32", "PHASE": "constexpr", "BLOCK_M": "constexpr",

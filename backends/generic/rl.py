@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from rlkernel.backends.generic._exact import superacc
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, sqrt_rn
 from rlkernel.backends.generic._exact.transcendental import exp_c
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -221,7 +221,7 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
     if not scale:
         return canonical_nan(d)
     if n > 1:
-        std = torch.sqrt(superacc.exact_sum(d * d, dim=1) / _f32(float(n - 1), dev))
+        std = sqrt_rn(superacc.exact_sum(d * d, dim=1) / _f32(float(n - 1), dev))
     else:
         std = torch.zeros(g, dtype=torch.float32, device=dev)
     return canonical_nan(d / (std + _f32(eps, dev)).unsqueeze(1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel.backends.generic._exact.fixed import F_SUM, exact_sum
-from rlkernel.backends.generic._exact.fp32 import canonical_nan
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, sqrt_rn
 
 #: Elements per row chunk (the int64 grid terms of one chunk are 8x this in bytes).
 CHUNK_ELEMENTS = 1 << 22
@@ -20,7 +20,7 @@ def _rows(xf: torch.Tensor, w: torch.Tensor, n: torch.Tensor, eps: torch.Tensor,
           out_dtype: torch.dtype) -> torch.Tensor:
     sq = xf * xf
     s = exact_sum(sq, dim=-1, frac_bits=F_SUM, op="rms_norm", keepdim=True)
-    r = one / torch.sqrt(s / n + eps)
+    r = one / sqrt_rn(s / n + eps)
     h = xf * r
     if out_dtype != torch.float32:
         h = h.to(out_dtype).to(torch.float32)
