@@ -52,6 +52,9 @@ class RunResult:
     manifest_sha256: str | None
     environment: dict[str, Any]
     mode: str = "quick"
+    #: cases planned but not run because the run was interrupted (SIGINT/SIGTERM); a run with
+    #: cases not run is never ``ok``
+    not_run: int = 0
 
     def summary(self) -> dict[str, Any]:
         """Counts: passed, failed (= fail + error + not_supported), fail, not_supported, error, and
@@ -74,8 +77,9 @@ class RunResult:
     def final_line(self) -> str:
         """``N passed, N failed``: the last line the CLI prints."""
         s = self.summary()
-        return f"{s['passed']} passed, {s['failed']} failed"
+        line = f"{s['passed']} passed, {s['failed']} failed"
+        return line + (f" (interrupted: {self.not_run} cases not run)" if self.not_run else "")
 
     @property
     def ok(self) -> bool:
-        return all(not r.failed for r in self.records)
+        return not self.not_run and all(not r.failed for r in self.records)

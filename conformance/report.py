@@ -19,6 +19,7 @@ def as_json(result: RunResult, command: list[str] | None = None) -> dict[str, An
         "device": result.device,
         "architecture": result.architecture,
         "mode": result.mode,
+        "not_run": result.not_run,
         "contract_version": result.contract_versions,
         "missing_contracts": result.missing_contracts,
         "suite_version": result.suite_version,

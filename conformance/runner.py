@@ -274,9 +274,14 @@ def run(
         plan += [functools.partial(state.invariance_case, name, module, c) for c in inv if state.wanted(c.name)]
 
     state.progress.start(len(plan))
-    for step in plan:
-        state.add(step())
-    if config.static and isinstance(target, BackendTarget):
+    done = 0
+    try:
+        for step in plan:
+            state.add(step())
+            done += 1
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (the CLI maps it): report what ran, fail the run
+        pass
+    if config.static and isinstance(target, BackendTarget) and done == len(plan):
         from rlkernel.registry import get_backend
 
         for item in static.collect(get_backend(target.name), config.ops):
@@ -295,4 +300,5 @@ def run(
         manifest_sha256=manifest_mod.file_sha256(config.manifest_path),
         environment=describe(target.device),
         mode="full" if config.full else "quick",
+        not_run=len(plan) - done,
     )

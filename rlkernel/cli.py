@@ -7,9 +7,12 @@ The CLI parses arguments, calls the library and prints; the work is done in
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,6 +75,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_FAILED if broken else status
 
 
+def _sigterm_interrupts() -> None:
+    """Deliver SIGTERM as ``KeyboardInterrupt`` so a long run can stop cleanly and report."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def cmd_conformance(args: argparse.Namespace) -> int:
     """Run the conformance suite, write the reports, print failures and ``N passed, N failed``."""
     from rlkernel.conformance import report, runner
@@ -79,6 +91,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     config = runner.RunConfig(backend=args.backend, device=args.device, ops=args.op, cases=args.case,
                               full=args.full, manifest_path=args.manifest)
+    _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
     except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install
@@ -119,13 +132,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print(f"rlkernel bench: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return EXIT_USAGE
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_file = out / "bench.rows.jsonl"  # one line per row as it is measured: survives a time limit
+    rows_file.write_text("")
+
     def show(row: bench.BenchRow) -> None:
         ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
         errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
         print(f"bench {row.op}/{row.case}: {ratio} {errors}".rstrip(), file=sys.stderr, flush=True)
+        with rows_file.open("a") as f:
+            f.write(json.dumps(row.as_dict()) + "\n")
 
     doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing, on_row=show)
-    paths = bench.write(doc, Path(args.out))
+    paths = bench.write(doc, out)
     print(bench.markdown(doc), end="")
     errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])
     print(f"{len(doc['rows'])} bench cases, {errors} with errors; wrote " + ", ".join(str(p) for p in paths.values()))

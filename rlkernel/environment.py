@@ -6,6 +6,7 @@ when ``device`` is a CUDA device, and no other vendor's module is imported.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -63,7 +64,13 @@ def gpu_driver() -> str | None:
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    """``git rev-parse HEAD`` of the working directory, or ``None`` outside a repository."""
+    """``git rev-parse HEAD`` of the working directory, or ``None`` outside a repository.
+
+    ``RLKERNEL_COMMIT`` overrides it: a copy of the tree without ``.git`` (a device machine) is
+    told the commit it was copied from (tools/device_run.sh).
+    """
+    if os.environ.get("RLKERNEL_COMMIT"):
+        return os.environ["RLKERNEL_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20,
                              check=True, cwd=cwd).stdout

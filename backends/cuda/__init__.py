@@ -13,8 +13,9 @@ import torch
 
 from rlkernel.backend import Backend
 
-#: op -> "module:function" in this package. An op without a Triton kernel is absent: dispatch
-#: then raises an error naming the backends that have it (never a silent fallback).
+#: op -> "module:function" in this package. An op without a kernel here is absent: dispatch then
+#: raises an error naming the backends that have it (never a silent fallback). Ops under
+#: ``torch_exact`` are exact device code in torch operations rather than Triton kernels.
 KERNELS: dict[str, str] = {
     "all_reduce": "all_reduce:all_reduce",
     "attention": "attention:attention",
@@ -33,6 +34,10 @@ KERNELS: dict[str, str] = {
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
     "softmax": "softmax:softmax",
     "log_softmax": "softmax:log_softmax",
+    "sample": "torch_exact:sample",
+    "group_advantages": "torch_exact:group_advantages",
+    "ppo_loss": "torch_exact:ppo_loss",
+    "masked_mean": "torch_exact:masked_mean",
 }
 
 
