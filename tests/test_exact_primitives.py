@@ -176,3 +176,32 @@ def test_max_and_argmax_rules():
     assert int(m[3].view(torch.int32)) == 0  # +0, not -0
     assert ref_fp32.argmax_r5(x).tolist() == [0, 1, 1, 0]
     assert gen_fp32.first_argmax(x).tolist() == [0, 1, 1, 0]
+
+
+# --- P-sqrt: correctly rounded fp32 square root -------------------------------------------------
+
+
+def _ieee_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Truth: numpy's float64 sqrt (the hardware's IEEE instruction) rounded once more to fp32;
+    exact, since double rounding is innocuous for sqrt when 53 >= 2 * 24 + 2."""
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.sqrt(x.numpy().astype(np.float64)).astype(np.float32))
+
+
+def test_sqrt_rn_reference_is_ieee():
+    x = torch.cat([all_fp32_patterns(11, 200000), special_values(torch.float32)])
+    assert_same_bits(ref_fp32.canonicalize(ref_fp32.sqrt_rn(x)), ref_fp32.canonicalize(_ieee_sqrt(x)))
+
+
+def test_sqrt_rn_generic_is_ieee():
+    # every subnormal exponent, the powers of two and their neighbours, then random patterns
+    edges = torch.tensor([1, 2, 3, 0x7FFFFF, 0x800000, 0x800001, 0x3F800000, 0x3F800001, 0x3F7FFFFF,
+                          0x40000000, 0x7F7FFFFF, 0x7F800000, 0x80000001, 0xFF800000, 0x7FC00000],
+                         dtype=torch.int64).to(torch.int32).view(torch.float32)
+    sub = (torch.ones(23, dtype=torch.int64) << torch.arange(23)).to(torch.int32).view(torch.float32)
+    x = torch.cat([edges, sub, all_fp32_patterns(12, 1 << 20)])
+    expected = ref_fp32.canonicalize(_ieee_sqrt(x))
+    assert_same_bits(gen_fp32.canonical_nan(gen_fp32.sqrt_rn(x)), expected)
+    # the sign of zero survives
+    zeros = gen_fp32.sqrt_rn(torch.tensor([0.0, -0.0]))
+    assert bits32(zeros).tolist() == [0, -(1 << 31)]
