@@ -1,16 +1,14 @@
-"""The CUDA backend on a real NVIDIA GPU: every case of every contract it implements, bitwise.
+"""The CUDA backend on a real NVIDIA GPU: each op's quick conformance cases, and cross-path checks.
 
 Marked ``gpu``; skipped where torch sees no CUDA device. Run on the H200 by
 ``tools/device_run.sh`` (``pytest -m gpu tests -q``). The conformance run
-(``rlkernel conformance --backend cuda --device cuda --full``) is the authoritative record;
-these tests add the cross-path checks a conformance case cannot see: the decode and prefill
-paths of ``linear`` agree, ``token_logprobs`` never allocates the [T, V] logits, and every
-kernel that ran was a CUDA one.
+(``rlkernel conformance --backend cuda --device cuda --full``) is the authoritative record; the
+per-op tests run the quick cases through the same runner and check that every kernel that ran
+was a CUDA one; the others are checks a conformance case cannot express: the decode and
+prefill paths of ``linear`` agree, ``token_logprobs`` never allocates the [T, V] logits.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 import torch
@@ -22,42 +20,10 @@ pytestmark = [
 ]
 
 
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    res: list[torch.Tensor] = []
-    for o in out:
-        res.extend(_flat(o))
-    return res
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu().contiguous()
-    if t.is_floating_point():
-        return t.view({4: torch.int32, 2: torch.int16, 8: torch.int64}[t.element_size()])
-    return t
-
-
-def _assert_bitwise(expected: Any, actual: Any, what: str) -> None:
-    for i, (e, a) in enumerate(zip(_flat(expected), _flat(actual), strict=True)):
-        assert e.shape == a.shape and e.dtype == a.dtype, f"{what} output {i}: {e.dtype}{tuple(e.shape)} vs " \
-                                                          f"{a.dtype}{tuple(a.shape)}"
-        be, ba = _bits(e).reshape(-1), _bits(a).reshape(-1)
-        diff = (be != ba).nonzero()
-        if diff.numel():
-            j = int(diff[0])
-            raise AssertionError(f"{what} output {i}: {diff.numel()} of {be.numel()} differ; first at {j}: expected "
-                                 f"{int(be[j]) & 0xFFFFFFFF:#x}, got {int(ba[j]) & 0xFFFFFFFF:#x}")
-
-
-def _to(obj: Any, device: str) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
+def _assert_bitwise(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
+    assert expected.shape == actual.shape and expected.dtype == actual.dtype, what
+    if not torch.equal(expected.contiguous().view(torch.uint8), actual.contiguous().view(torch.uint8)):
+        raise AssertionError(f"{what}: bytes differ")
 
 
 def _cuda_modules() -> list[str]:
@@ -70,40 +36,19 @@ def _cuda_modules() -> list[str]:
             and (m in KERNELS or any(op.startswith(m) for op in KERNELS))]
 
 
-def _run(op: str, **inputs: Any) -> Any:
-    from rlkernel.dispatch import trace, use_backend
-    from rlkernel.public import public_op
-
-    with use_backend("cuda"), trace() as calls:
-        out = public_op(op)(**_to(inputs, "cuda"))
-    torch.cuda.synchronize()
-    kernels = {k for _, k in calls}
-    assert kernels and all(k.startswith("cuda:") for k in kernels), f"{op}: kernels {kernels}"
-    return _to(out, "cpu")
-
-
 @pytest.mark.parametrize("module", _cuda_modules())
-def test_cuda_cases_bitwise_vs_reference(module: str) -> None:
-    import importlib
+def test_cuda_quick_conformance(module: str) -> None:
+    """The quick conformance cases of one op on the GPU, through the conformance runner itself
+    (the full run is ``rlkernel conformance --backend cuda --full``); every kernel that ran is a
+    CUDA one."""
+    from rlkernel.conformance import runner
 
-    from rlkernel.backends.cuda import KERNELS
-    from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
-
-    mod = importlib.import_module(f"rlkernel.contracts.{module}")
-    ran = 0
-    for case in bit_cases(mod, full=True):
-        op = op_of(mod, case)
-        if op not in KERNELS:
-            continue
-        _assert_bitwise(reference_of(mod, op)(**case.make()), _run(op, **case.make()), f"{module}/{case.name}")
-        ran += 1
-    for inv in invariance_cases(mod, full=True):
-        if op_of(mod, inv) not in KERNELS:
-            continue
-        expected, actual = inv.check(lambda name, /, **kw: _run(name, **kw))
-        _assert_bitwise(expected, actual, f"{module}/{inv.name}")
-        ran += 1
-    assert ran, f"{module}: no case ran"
+    result = runner.run(runner.RunConfig(backend="cuda", device="cuda", ops=[module], full=False,
+                                             static=False))
+    bad = [f"{r.case} ({r.kind}): {r.status}: {r.detail}" for r in result.records if r.failed]
+    assert result.records and not bad, "\n".join(bad)
+    foreign = {k for r in result.records for k in (r.kernels or []) if not k.startswith("cuda:")}
+    assert not foreign, f"{module}: kernels outside the cuda backend ran: {sorted(foreign)}"
 
 
 def test_linear_decode_and_prefill_paths_agree() -> None:

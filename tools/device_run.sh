@@ -19,7 +19,7 @@ OUT="${OUT:-$PWD/device-out}"
 WORK="${RLK_WORK:-/tmp/rlk-work}"
 REPO="$(pwd)"
 STAGE="${RLK_STAGE:-/tmp/rlk}"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-python3} -P"  # -P: the repository root (cwd) must not shadow the staged package
 mkdir -p "$OUT"
 rm -rf "$WORK"; mkdir -p "$WORK"
 

@@ -187,9 +187,12 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
 
 
 def _tiles(d: int) -> tuple[int, int, int, int]:
-    bd = max(16, triton.next_power_of_2(d))
+    """(BLOCK_M, BLOCK_N, BLOCK_D, warps). BLOCK_D and BLOCK_N are the K of the two int8 ``tl.dot``
+    (Q @ K^T and R @ V): at least 32, the K of the int8 MMA instructions (BLOCK_D = 16 for head
+    dims <= 16 failed to compile on the H200)."""
+    bd = max(32, triton.next_power_of_2(d))
     if SMALL_TILES:
-        return 16, 16, bd, 1
+        return 16, 32, bd, 1
     return 32, 32, bd, 4
 
 
@@ -257,4 +260,7 @@ def static_specs():
                            "BLOCK_D": "constexpr"},
                           {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": 64,
                            "BLOCK_N": 32, "BLOCK_D": 128}))
+    # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
+    name, _, fn, sig, consts = specs[0]
+    specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8)[2])))
     return specs

@@ -19,7 +19,9 @@ MAX_HIDDEN = 1 << 22
 MAX_BLOCK = 8192
 
 
-@triton.jit
+# hidden is never specialised: Triton turns an int argument equal to 1 into a constexpr, which
+# has no ``.to`` (found on the H200: hidden = 1 failed to compile)
+@triton.jit(do_not_specialize=["hidden"])
 def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, hidden, eps_bits, x_row_stride, y_row_stride,
                          OUT: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
