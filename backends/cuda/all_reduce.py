@@ -22,16 +22,20 @@ def _all_reduce_kernel(p_ptr, out_ptr, over_ptr, world, L, MAX: tl.constexpr, BL
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < L
     if MAX:
-        acc = tl.load(p_ptr + offs, mask=mask, other=0)
+        p = p_ptr + offs  # rank w's row is reached by pointer steps of L: no int32 w * L product
+        acc = tl.load(p, mask=mask, other=0)
         for w in range(1, world):
-            acc = tl.maximum(acc, tl.load(p_ptr + w * L + offs, mask=mask, other=0))
+            p += L
+            acc = tl.maximum(acc, tl.load(p, mask=mask, other=0))
         tl.store(out_ptr + offs, acc, mask=mask)
     else:
         acc = tl.zeros([BLOCK], tl.int64)
         lo = tl.zeros([BLOCK], tl.int64)
         hi = tl.zeros([BLOCK], tl.int64)
+        p = p_ptr + offs
         for w in range(0, world):
-            v = tl.load(p_ptr + w * L + offs, mask=mask, other=0)
+            v = tl.load(p, mask=mask, other=0)
+            p += L
             acc += v
             lo += v & 0xFFFFFFFF
             hi += v >> 32
