@@ -109,7 +109,7 @@ def _describe_error(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     text = f"{type(exc).__name__}: {exc}{where}"
-    cause = exc.__cause__ or exc.__context__
+    cause = exc.__cause__  # explicit chaining only (``raise ... from``), not unrelated context
     if cause is not None:  # e.g. a Triton CompilationError: the reason is in the cause's last lines
         reason = str(cause).strip().splitlines()[-3:]
         text += f"; caused by {type(cause).__name__}: {' / '.join(reason)}"

@@ -13,7 +13,7 @@ op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the
 listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
-loops, more vocabulary ranges, 16-key attention tiles), which must not move a bit.
+loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit.
 
 Interpreter limits (DESIGN §5), and how the kernels avoid them: bf16 ``tl.dot`` is wrong in it
 (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -237,7 +237,7 @@ def run_primitive_checks() -> list[dict[str, Any]]:
 
 def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
-    softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16-key tiles in
+    softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16x32 (query x key) tiles in
     attention. The bits must not move: tiling is free because every sum is an integer sum."""
     from rlkernel.backends.cuda import attention, linear, rms_norm, softmax
 

@@ -1,6 +1,6 @@
-"""RL ops on Triton. ``kl_k3`` only (contract ``kl_k3`` v1); ``group_advantages``, ``ppo_loss`` and
-``masked_mean`` (exact superaccumulator reductions, P10) have no Triton kernel yet and are absent
-from ``KERNELS``.
+"""RL ops on Triton: ``kl_k3`` (contract ``kl_k3`` v1). ``group_advantages``, ``ppo_loss`` and
+``masked_mean`` (exact superaccumulator reductions, P10) have no Triton kernel yet; the backend
+serves them with exact torch device code (``torch_exact.py``).
 """
 
 from __future__ import annotations
