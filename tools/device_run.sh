@@ -70,12 +70,12 @@ step() {  # step NAME SECONDS CMD...; a limit of 0 skips a step
 step env 40 bash -c "nvidia-smi; $PY -c 'import torch, triton, sys; print(sys.version); print(\"torch\", torch.__version__, torch.version.cuda, \"triton\", triton.__version__, torch.cuda.get_device_name(0))'; rlkernel info"
 # phase A, side by side: the cuda suite in op groups (each a report of its own; together they
 # fill Triton's cache, JIT compilation being most of a cold run), the generic suite and the GPU tests
-GROUPS=("linear" "token_logprobs" "attention" "embedding rms_norm rope silu_mul softmax log_softmax"
+OP_GROUPS=("linear" "token_logprobs" "attention" "embedding rms_norm rope silu_mul softmax log_softmax"
         "all_reduce sample group_advantages ppo_loss kl_k3 masked_mean")
 if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
-    for i in "${!GROUPS[@]}"; do
+    for i in "${!OP_GROUPS[@]}"; do
         ops=""
-        for op in ${GROUPS[$i]}; do ops="$ops --op $op"; done
+        for op in ${OP_GROUPS[$i]}; do ops="$ops --op $op"; done
         step "cuda_part$i" "${RLK_LIMIT_PARTS:-250}" rlkernel conformance --backend cuda --device cuda --full $ops --out "$WORK/cuda-part$i" &
     done
 fi
