@@ -1,8 +1,11 @@
 """``attention`` and ``attention_paged`` on Triton (contract ``attention`` v1, DESIGN R4a).
 
-One program per (query block of BLOCK_M rows, sequence, query head). Everything is made in
-registers from the bf16/fp16 tensors; D (the head dim) is one tile, so every row exponent (of a
-q, k or v row) is exact:
+One program per (block of BLOCK_M packed rows, sequence, KV head): the rows are (query token,
+query head) pairs of the query heads that share the KV head (GQA packing), so each key/value
+tile is loaded and put into digits once for all of them; a decode step of a 32/8-head model is
+one 16-row block (4 live rows) per KV head. Every row's arithmetic is its own, so the packing
+cannot change a bit. Everything is made in registers from the bf16/fp16 tensors; D (the head
+dim) is one tile, so every row exponent (of a q, k or v row) is exact:
 
 - scores: q and k rows on their own 21-bit grids, three base-128 int8 digits each, nine
   ``tl.dot(int8, int8, out_dtype=int32)`` into five level accumulators, folded exactly into
@@ -86,8 +89,7 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
-    h = tl.program_id(2)
-    g = h // group
+    g = tl.program_id(2)  # KV head; its `group` query heads share the program (GQA packing)
     q0 = tl.load(cu_q_ptr + b).to(tl.int64)
     lq = tl.load(cu_q_ptr + b + 1).to(tl.int64) - q0
     if PAGED:
@@ -96,19 +98,21 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
     else:
         k0 = tl.load(cu_k_ptr + b).to(tl.int64)
         lk = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
-    if mb * BLOCK_M < lq:
+    if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
-        qi = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # segment-local query index
+        row = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = query index * group + head in group
+        qi = row // group  # segment-local query index
+        hh = g * group + row % group  # query head
         q_ok = qi < lq
         rd = tl.arange(0, BLOCK_D)
         d_ok = rd < D
-        qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + h * sq_h + rd[None, :],
+        qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + hh[:, None] * sq_h + rd[None, :],
                               mask=q_ok[:, None] & d_ok[None, :], other=0.0))
         eq, q_bad, q_zero, qd0, qd1, qd2 = _row_digits(qv, 1)
         eq_safe = tl.where(q_bad, 0, eq)
         if CAUSAL:
             limit = lk - lq + qi  # last allowed key per row
-            kv_end = tl.minimum(lk, lk - lq + tl.minimum(mb * BLOCK_M + BLOCK_M, lq))
+            kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
         else:
             limit = qi * 0 + lk - 1
             kv_end = lk
@@ -182,17 +186,19 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
         out = tl.math.div_rn(num, den[:, None])
         bad = (pbad != 0) | (vbad_any != 0)
         out = tl.where(bad[:, None], E.canonical_nan_f32(out), out)
-        tl.store(o_ptr + (q0 + qi)[:, None] * so_t + h * so_h + rd[None, :], E.cast_out(out, OUT),
+        tl.store(o_ptr + (q0 + qi)[:, None] * so_t + hh[:, None] * so_h + rd[None, :], E.cast_out(out, OUT),
                  mask=q_ok[:, None] & d_ok[None, :])
 
 
-def _tiles(d: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, warps). BLOCK_D and BLOCK_N are the K of the two int8 ``tl.dot``
+def _tiles(d: int, rows: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, warps) for ``rows`` packed query rows (query tokens x heads per
+    KV head) of the longest sequence. BLOCK_D and BLOCK_N are the K of the two int8 ``tl.dot``
     (Q @ K^T and R @ V): at least 32, the K of the int8 MMA instructions (BLOCK_D = 16 for head
-    dims <= 16 failed to compile on the H200)."""
+    dims <= 16 failed to compile on the H200). Decode (rows <= 16) takes 16-row blocks, the
+    smallest M of the MMA."""
     bd = max(32, triton.next_power_of_2(d))
-    if SMALL_TILES:
-        return 16, 32, bd, 1
+    if SMALL_TILES or rows <= 16:
+        return 16, 32, bd, 1 if SMALL_TILES else 4
     return 32, 32, bd, 4
 
 
@@ -210,10 +216,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         from rlkernel.backends.generic.attention import default_scale
 
         scale = default_scale(d)
-    bm, bn, bd, warps = _tiles(d)
     group = hq // hkv
+    bm, bn, bd, warps = _tiles(d, max_lq * group)
     dummy = cu_q
-    grid = (triton.cdiv(max_lq, bm), n_seq, hq)
+    grid = (triton.cdiv(max_lq * group, bm), n_seq, hkv)
     _attention_fwd_kernel[grid](
         q, k, v, out, cu_q, cu_k if cu_k is not None else dummy, lens_k if lens_k is not None else dummy,
         table if table is not None else dummy,
@@ -262,5 +268,8 @@ def static_specs():
                            "BLOCK_N": 32, "BLOCK_D": 128}))
     # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
     name, _, fn, sig, consts = specs[0]
-    specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8)[2])))
+    specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64)[2])))
+    # decode: 16 packed rows (one token x the query heads of a KV head), paged
+    name, _, fn, sig, consts = specs[1]
+    specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16)))
     return specs

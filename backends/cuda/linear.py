@@ -12,9 +12,12 @@
    3 * 64 * 64 per k, so int32 is exact for K chunks of 2**16), which are folded into one int64
    accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue is P3 + P2 (+ bias, cast)
    or, for ``linear_partial``, the int64 ``C`` itself.
-   Decode path (M <= 64, ``W_DIGITS=False``): the kernel reads the bf16/fp16 weight itself,
-   first the row exponents of its BLOCK_N weight rows (pass 1), then each tile again (from L2),
-   making the digits in registers: the weight never exists as int8 planes in memory.
+   Decode path (M <= 64, ``W_DIGITS=False``): the weight's row exponents come from
+   ``_linear_digits_kernel`` without planes (one read of the weight, one program per row); the
+   GEMM reads the bf16/fp16 weight again and makes its digits in registers, so the weight never
+   exists as int8 planes in memory. Few output tiles (small M and N) split K over programs
+   (``ATOMIC``): each adds its int64 partial C into a zeroed int64 buffer with integer atomics,
+   and ``_linear_finish_kernel`` applies the epilogue.
 
 Every product is an exact integer, so any tiling, K order or split gives the same ``C``.
 """
@@ -34,6 +37,7 @@ GRID = 20
 SENTINEL = 1 << 20
 #: exponent of an all-zero row or an empty K-slice: below every real exponent (a MAX over shards ignores it)
 ZERO_EXP = -149
+_ZERO_EXP = tl.constexpr(ZERO_EXP)  # the same value inside the kernels
 MAX_K = 1 << 22
 #: int32 level accumulators are folded into int64 every K_CHUNK (3 * 2**12 * 2**16 < 2**31)
 K_CHUNK = 1 << 16
@@ -44,6 +48,8 @@ DECODE_MAX_M = 64
 PREFILL_TILES = (128, 64, 128, 8, 3)
 DECODE_BLOCK_N = 32
 DECODE_BLOCK_K = 128
+#: split-K decode launches aim at this many programs per SM
+SPLIT_K_WAVES = 4
 #: the interpreter runs the same kernels with small tiles (tests set this)
 SMALL_TILES = False
 
@@ -67,7 +73,7 @@ def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stri
             top = tl.maximum(top, tl.where(fin & mask, E.abs_bits(v), 0))
             bad = tl.maximum(bad, (~fin & mask).to(tl.int32))
         top1 = tl.max(top, axis=0)
-        e = tl.where(top1 == 0, -149, E.expo_from_abs_bits(top1))  # ZERO_EXP: below every real exponent
+        e = tl.where(top1 == 0, _ZERO_EXP, E.expo_from_abs_bits(top1))
         e = tl.where(tl.max(bad, axis=0) != 0, 1048576, e)
         tl.store(e_ptr + row, e.to(tl.int64))
     live = e != 1048576
@@ -93,8 +99,9 @@ def _ldexp_clamped(y, k):
 @triton.jit
 def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K, stride_wn, stride_wk,
                 W_DIGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                K_CHUNK: tl.constexpr):
-    """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by nine int8 digit products.
+                K_CHUNK: tl.constexpr, k_lo, k_hi):
+    """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by nine int8 digit products,
+    over ``k`` in ``[k_lo, k_hi)`` (``[0, K)``, or a split-K program's slice).
 
     x digits come from planes ``[3, M, K]``; the weight either from digit planes ``[3, N, K]``
     (``W_DIGITS``) or from the bf16/fp16 weight itself (any strides), put on the grids
@@ -103,13 +110,13 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
     rk = tl.arange(0, BLOCK_K)
     x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
-    for kc in range(0, K, K_CHUNK):
+    for kc in range(k_lo, k_hi, K_CHUNK):
         l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        for k0 in range(kc, tl.minimum(kc + K_CHUNK, K), BLOCK_K):
+        for k0 in range(kc, tl.minimum(kc + K_CHUNK, k_hi), BLOCK_K):
             kk = k0 + rk
             k_ok = kk < K
             xmask = m_ok[:, None] & k_ok[None, :]
@@ -151,43 +158,35 @@ def _logit_tile(acc, ex, ew, x_live, w_live):
 
 @triton.jit
 def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
-                        M, N, K, x_plane, w_plane, stride_wn, stride_wk, stride_ym, stride_yn,
-                        W_DIGITS: tl.constexpr, FINISH: tl.constexpr, HAS_BIAS: tl.constexpr, OUT: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        M, N, K, K_SPLIT, x_plane, w_plane, stride_wn, stride_wk, stride_ym, stride_yn,
+                        W_DIGITS: tl.constexpr, FINISH: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         K_CHUNK: tl.constexpr):
+    """A BLOCK_M x BLOCK_N tile of C over the K slice ``[pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT)``:
+    stored (FINISH: through the epilogue; else the int64 C) or, split-K (ATOMIC), added into the
+    int64 output with integer atomics (exact in any order)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
     ex = tl.load(ex_ptr + rm, mask=m_ok, other=0).to(tl.int32)
-    if W_DIGITS:
-        ew = tl.load(ew_ptr + rn, mask=n_ok, other=0).to(tl.int32)
-    else:
-        # decode path: the weight rows' exponents, from the bf16/fp16 weight itself (pass 1)
-        top = tl.zeros([BLOCK_K, BLOCK_N], tl.int32)
-        bad = tl.zeros([BLOCK_K, BLOCK_N], tl.int32)
-        for k0 in range(0, K, BLOCK_K):
-            kmask = (k0 + rk)[:, None] < K
-            wt = E.upcast(tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk,
-                                  mask=kmask & n_ok[None, :], other=0.0))
-            fin = E.is_finite(wt)
-            top = tl.maximum(top, tl.where(fin & kmask, E.abs_bits(wt), 0))
-            bad = tl.maximum(bad, (~fin & kmask).to(tl.int32))
-        top1 = tl.max(top, axis=0)
-        ew = tl.where(top1 == 0, -149, E.expo_from_abs_bits(top1))
-        ew = tl.where(tl.max(bad, axis=0) != 0, 1048576, ew)
+    ew = tl.load(ew_ptr + rn, mask=n_ok, other=0).to(tl.int32)
     w_live = ew != 1048576
     ew_safe = tl.where(w_live, ew, 0)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     acc = _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K,
-                      stride_wn, stride_wk, W_DIGITS, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK)
+                      stride_wn, stride_wk, W_DIGITS, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, k_lo, k_hi)
 
     y_ptrs = y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :] * stride_yn
     out_mask = m_ok[:, None] & n_ok[None, :]
-    if FINISH:
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=out_mask, sem="relaxed")
+    elif FINISH:
         y = _logit_tile(acc, ex, ew, ex != 1048576, w_live)
         if HAS_BIAS:
             y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
@@ -256,16 +255,29 @@ def _tiles(m: int, decode: bool) -> tuple[int, int, int, int, int]:
     return PREFILL_TILES
 
 
+def _k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
+    """K per program of a split-K launch: enough programs for every SM (SPLIT_K_WAVES each), whole
+    BLOCK_K steps per slice; ``k`` (no split) when the output tiles alone fill the GPU."""
+    if device.type != "cuda" and not SMALL_TILES:
+        return k
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    splits = min(triton.cdiv(k, bk), triton.cdiv(SPLIT_K_WAVES * sms, tiles))
+    if splits <= 1:
+        return k
+    return triton.cdiv(triton.cdiv(k, bk), splits) * bk
+
+
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
           bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None)."""
     m, k = x.shape
     n = weight.shape[0]
     finish = out_dtype is not None
-    decode = m <= DECODE_MAX_M and ew_given is None and weight.dtype in (torch.bfloat16, torch.float16)
+    decode = m <= DECODE_MAX_M and weight.dtype in (torch.bfloat16, torch.float16)
     xd, ex = _digits(x, ex_given)
-    if decode:
-        wd, ew = weight, torch.empty(0, dtype=torch.int64, device=x.device)
+    if decode:  # the weight's exponents only (or the given ones); its digits are made in the GEMM
+        ew = ew_given if ew_given is not None else _digits(weight, write=False)[1]
+        wd = weight
         dispatch.note_kernel("triton-int8-decode")
     else:
         wd, ew = _digits(weight, ew_given)
@@ -279,13 +291,21 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
     bm, bn, bk, warps, stages = _tiles(m, decode)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    k_split = _k_split(tiles, k, bk, x.device) if decode else k
+    atomic = k_split < k
+    acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, k_split))
     has_bias = bias is not None
     _linear_gemm_kernel[grid](
-        xd, wd, ex, ew if not decode else ex, bias if has_bias else y, y,
-        m, n, k, m * k, n * k, weight.stride(0), weight.stride(1), y.stride(0), y.stride(1),
-        W_DIGITS=not decode, FINISH=finish, HAS_BIAS=has_bias, OUT=OUT_CODE[out_dtype] if finish else 0,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+        xd, wd, ex, ew, bias if has_bias and not atomic else acc, acc,
+        m, n, k, k_split, m * k, n * k, weight.stride(0), weight.stride(1), acc.stride(0), acc.stride(1),
+        W_DIGITS=not decode, FINISH=finish and not atomic, ATOMIC=atomic, HAS_BIAS=has_bias and not atomic,
+        OUT=OUT_CODE[out_dtype] if finish else 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK,
+        num_warps=warps, num_stages=stages, **LAUNCH)
+    if atomic and finish:
+        assert out_dtype is not None
+        return _finish(acc, ex, ew, bias, out_dtype), ex, ew
     return y, ex, ew
 
 
@@ -345,22 +365,26 @@ def static_specs():
                        "BLOCK_K": "constexpr"},
                       {"HAS_E": False, "WRITE": True, "BLOCK_K": 1024}))
     base = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
-            "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64", "stride_ym": "i64",
-            "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr", "HAS_BIAS": "constexpr",
-            "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "K_CHUNK": "constexpr"}
+            "K_SPLIT": "i32", "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64",
+            "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
+            "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
     bm, bn, bk, warps, _ = PREFILL_TILES
     specs.append(("linear", "prefill_gemm_bf16_out_bias", _linear_gemm_kernel,
                   {**base, "w_ptr": "*i8", "bias_ptr": "*bf16", "y_ptr": "*bf16"},
-                  {"W_DIGITS": True, "FINISH": True, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm, "BLOCK_N": bn,
+                  {"W_DIGITS": True, "FINISH": True, "ATOMIC": False, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm, "BLOCK_N": bn,
                    "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "decode_gemm_bf16_weight_fp32_out", _linear_gemm_kernel,
                   {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
-                  {"W_DIGITS": False, "FINISH": True, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
+                  {"W_DIGITS": False, "FINISH": True, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
+                   "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
+    specs.append(("linear", "decode_split_k_bf16_weight_int64_atomic", _linear_gemm_kernel,
+                  {**base, "w_ptr": "*bf16", "bias_ptr": "*i64", "y_ptr": "*i64"},
+                  {"W_DIGITS": False, "FINISH": False, "ATOMIC": True, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
                    "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "partial_gemm_int64_out", _linear_gemm_kernel,
                   {**base, "w_ptr": "*i8", "bias_ptr": "*i64", "y_ptr": "*i64"},
-                  {"W_DIGITS": True, "FINISH": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm, "BLOCK_N": bn,
+                  {"W_DIGITS": True, "FINISH": False, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm, "BLOCK_N": bn,
                    "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
                   {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",

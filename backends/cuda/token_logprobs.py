@@ -67,7 +67,7 @@ def _tlp_pass_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, tgt_ptr, m_ptr, key_ptr, nan
         ew = tl.load(ew_ptr + rn, mask=n_ok, other=0).to(tl.int32)
         w_live = ew != 1048576
         acc = L._digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, 0, rn, n_ok, tl.where(w_live, ew, 0), w_live, K,
-                            stride_wn, stride_wk, False, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK)
+                            stride_wn, stride_wk, False, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, 0, K)
         z = tl.math.div_rn(L._logit_tile(acc, ex, ew, x_live, w_live), tau)
         valid = m_ok[:, None] & n_ok[None, :]
         nan = E.is_nan(z)
