@@ -323,6 +323,24 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
     return y
 
 
+def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+    """fp32 [M, N] ``linear`` outputs (no bias) of x [M, K] and weight [N, K] (bf16/fp16) on the
+    weight-row exponents ``ew`` int64 [N] (``linear_exponents``): the weight's digits are made in
+    registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    xd, ex = _digits(x)
+    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    bm, bn, bk, warps, stages = _tiles(m, decode=True) if m <= DECODE_MAX_M else _tiles(m, decode=False)
+    _linear_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), 1)](
+        xd, weight, ex, ew, y, y, m, n, k, k, m * k, n * k, weight.stride(0), weight.stride(1), y.stride(0),
+        y.stride(1), W_DIGITS=False, FINISH=True, ATOMIC=False, HAS_BIAS=False, OUT=0, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+    return y
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
@@ -372,20 +390,24 @@ def static_specs():
     bm, bn, bk, warps, _ = PREFILL_TILES
     specs.append(("linear", "prefill_gemm_bf16_out_bias", _linear_gemm_kernel,
                   {**base, "w_ptr": "*i8", "bias_ptr": "*bf16", "y_ptr": "*bf16"},
-                  {"W_DIGITS": True, "FINISH": True, "ATOMIC": False, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm, "BLOCK_N": bn,
-                   "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
+                  {"W_DIGITS": True, "FINISH": True, "ATOMIC": False, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm,
+                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "decode_gemm_bf16_weight_fp32_out", _linear_gemm_kernel,
                   {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
                   {"W_DIGITS": False, "FINISH": True, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
                    "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
+    specs.append(("linear", "logits_bf16_weight_prefill_tiles_fp32_out", _linear_gemm_kernel,
+                  {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
+                  {"W_DIGITS": False, "FINISH": True, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm,
+                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "decode_split_k_bf16_weight_int64_atomic", _linear_gemm_kernel,
                   {**base, "w_ptr": "*bf16", "bias_ptr": "*i64", "y_ptr": "*i64"},
                   {"W_DIGITS": False, "FINISH": False, "ATOMIC": True, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
                    "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "partial_gemm_int64_out", _linear_gemm_kernel,
                   {**base, "w_ptr": "*i8", "bias_ptr": "*i64", "y_ptr": "*i64"},
-                  {"W_DIGITS": True, "FINISH": False, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm, "BLOCK_N": bn,
-                   "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
+                  {"W_DIGITS": True, "FINISH": False, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm,
+                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
     specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
                   {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",
                    "M": "i32", "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",

@@ -1,20 +1,21 @@
-"""``token_logprobs`` on Triton: fused LM head + log-softmax + gather (contract ``token_logprobs`` v1).
+"""``token_logprobs`` on Triton: LM head + log-softmax + gather (contract ``token_logprobs`` v1).
 
-The [T, V] logits never exist in memory. The vocabulary is cut into ``splits`` ranges; a program
-owns (a block of BLOCK_M tokens, one vocabulary range) and walks it in BLOCK_N tiles, each tile
-of logits made exactly as in ``linear`` (int8 digit products of the hidden digit planes with the
-bf16/fp16 weight tile, whose digits are made in registers on the weight-row grids of a
-pre-pass), then ``z = z ÷ fp32(tau)`` (IEEE division):
+The [T, V] logits are never held whole: tokens are taken in chunks whose fp32 logits
+[chunk, V] fit in ``LOGITS_BUDGET`` bytes (128 MiB: 128 tokens of a 151936-word vocabulary).
+Per chunk:
 
-- pass 1 keeps each token's R5 max as an integer order key plus a NaN flag; the keys of the
-  ranges are combined with an integer max (exact, any order);
-- pass 2 recomputes the tiles and adds ``RNE(exp_c(z - m) * 2**40)`` into an int64 per token
-  and picks the target logit's bit pattern (int32 sum: exactly one tile holds it); range
-  partials are added as integers;
+- ``linear.logits``: the chunk's logits exactly as ``linear`` makes them (int8 digit products
+  of the hidden rows' digit planes with the bf16/fp16 weight, whose digits are made in
+  registers on the weight-row exponents of a pre-pass, so no weight planes exist), fp32;
+- ``_tlp_rows_kernel``, one program per token: ``z = y ÷ fp32(tau)`` (IEEE division); the R5
+  max as an integer order key plus a NaN flag; then ``S = sum RNE(exp_c(z - m) * 2**40)`` in
+  int64 and the target logit's bit pattern (an int32 sum: exactly one column holds it);
 - a finish kernel computes ``(z_t - m) - log_c(ldexp_c(int_to_fp32(S), -40))``.
 
-Extra memory: O(splits * T) integers. The same kernels serve the vocabulary-sharded sub-ops
-``token_logprobs_partial`` (phase 1 / phase 2) and ``token_logprobs_finish``.
+Each logit is computed once (the whole op runs both passes over the stored row, PHASE 3).
+Extra memory: the chunk's logits, its hidden digit planes and O(T) integers. The same kernels
+serve the vocabulary-sharded sub-ops ``token_logprobs_partial`` (PHASE 1, then PHASE 2 with the
+global max: the logits are made once per phase) and ``token_logprobs_finish``.
 """
 
 from __future__ import annotations
@@ -30,65 +31,64 @@ from . import linear as L
 from ._common import LAUNCH, f32_bits
 
 MAX_VOCAB = 1 << 22
-#: target number of programs (2 per SM on an H100/H200)
-TARGET_PROGRAMS = 264
-INT32_MIN_KEY = -2147483647
+#: bytes of fp32 logits one token chunk may hold ([chunk, V])
+LOGITS_BUDGET = 128 << 20
 
 
 @triton.jit
-def _tlp_pass_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, tgt_ptr, m_ptr, key_ptr, nan_ptr, sum_ptr, zt_ptr, bad_ptr,
-                     T, V, K, x_plane, stride_wn, stride_wk, vocab_start, tau_bits, v_per_split,
-                     PHASE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     K_CHUNK: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = rm < T
-    ex = tl.load(ex_ptr + rm, mask=m_ok, other=0).to(tl.int32)
-    x_live = ex != 1048576
+def _tlp_rows_kernel(y_ptr, stride_y, tgt_ptr, m_ptr, key_ptr, nan_ptr, sum_ptr, zt_ptr, bad_ptr,
+                     row0, V, vocab_start, tau_bits, PHASE: tl.constexpr, BLOCK: tl.constexpr):
+    """One token of a chunk: its stored logits row (``linear``'s fp32 epilogue) ``÷ fp32(tau)``.
+
+    PHASE 1: the R5 max as an integer order key and a NaN flag. PHASE 2: for the given max ``m``,
+    ``S = sum RNE(exp_c(z - m) * 2**40)`` (int64), the target logit's bits (an int32 sum: one
+    column holds it) and whether a logit lies above a finite ``m``. PHASE 3: both (the max is
+    written as fp32 to ``m_ptr``). Outputs are indexed by the global token ``row0 + program``.
+    """
+    r = tl.program_id(0)
+    row = row0 + r
+    y_row = y_ptr + r.to(tl.int64) * stride_y
     tau = tau_bits.to(tl.float32, bitcast=True)
-    lo = pid_s * v_per_split
-    hi = tl.minimum(lo + v_per_split, V)
-    out_offs = pid_s * T + rm
-    if PHASE == 1:
-        best = tl.full([BLOCK_M], -2147483647, tl.int32)
-        nanf = tl.zeros([BLOCK_M], tl.int32)
+    cols = tl.arange(0, BLOCK)
+    if PHASE != 2:
+        best = tl.full([BLOCK], -2147483647, tl.int32)
+        nanf = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, V, BLOCK):
+            valid = v0 + cols < V
+            z = tl.math.div_rn(tl.load(y_row + v0 + cols, mask=valid, other=0.0), tau)
+            nan = E.is_nan(z)
+            best = tl.maximum(best, tl.where(valid & ~nan, E.max_key(z), -2147483647))
+            nanf = tl.maximum(nanf, (valid & nan).to(tl.int32))
+        key = tl.max(best, axis=0)
+        flag = tl.max(nanf, axis=0)
+        if PHASE == 1:
+            tl.store(key_ptr + row, key)
+            tl.store(nan_ptr + row, flag)
+        m = E.key_to_f32(key)
+        m = tl.where(flag != 0, E.canonical_nan_f32(m), m)
+        if PHASE == 3:
+            tl.store(m_ptr + row, m)
     else:
-        m = tl.load(m_ptr + rm, mask=m_ok, other=0.0)
+        m = tl.load(m_ptr + row)
+    if PHASE != 1:
         finite = E.is_finite(m)
         m_safe = tl.where(finite, m, 0.0)
-        local = tl.load(tgt_ptr + rm, mask=m_ok, other=0) - vocab_start
-        s = tl.zeros([BLOCK_M], tl.int64)
-        zt = tl.zeros([BLOCK_M], tl.int32)
-        badf = tl.zeros([BLOCK_M], tl.int32)
-    for v0 in range(lo, hi, BLOCK_N):
-        rn = v0 + tl.arange(0, BLOCK_N)
-        n_ok = rn < hi
-        ew = tl.load(ew_ptr + rn, mask=n_ok, other=0).to(tl.int32)
-        w_live = ew != 1048576
-        acc = L._digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, 0, rn, n_ok, tl.where(w_live, ew, 0), w_live, K,
-                            stride_wn, stride_wk, False, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, 0, K)
-        z = tl.math.div_rn(L._logit_tile(acc, ex, ew, x_live, w_live), tau)
-        valid = m_ok[:, None] & n_ok[None, :]
-        nan = E.is_nan(z)
-        if PHASE == 1:
-            keys = tl.where(valid & ~nan, E.max_key(z), -2147483647)
-            best = tl.maximum(best, tl.max(keys, axis=1))
-            nanf = tl.maximum(nanf, tl.max((valid & nan).to(tl.int32), axis=1))
-        else:
-            p = E.exp_c(z - m_safe[:, None])
-            s += tl.sum(tl.where(valid, E.to_fixed(p, 0, 40), 0), axis=1)
-            above = valid & finite[:, None] & ~(z <= m_safe[:, None])
-            badf = tl.maximum(badf, tl.max(above.to(tl.int32), axis=1))
-            hit = valid & (rn[None, :] == local[:, None])
-            zt += tl.sum(tl.where(hit, E.f32_bits(z), 0), axis=1)
-    if PHASE == 1:
-        tl.store(key_ptr + out_offs, best, mask=m_ok)
-        tl.store(nan_ptr + out_offs, nanf, mask=m_ok)
-    else:
-        tl.store(sum_ptr + out_offs, s, mask=m_ok)
-        tl.store(zt_ptr + out_offs, zt, mask=m_ok)
-        tl.store(bad_ptr + out_offs, badf, mask=m_ok)
+        local = tl.load(tgt_ptr + row) - vocab_start
+        s = tl.zeros([BLOCK], tl.int64)
+        zt = tl.zeros([BLOCK], tl.int32)
+        badf = tl.zeros([BLOCK], tl.int32)
+        for v0 in range(0, V, BLOCK):
+            rn = v0 + cols
+            valid = rn < V
+            z = tl.math.div_rn(tl.load(y_row + rn, mask=valid, other=0.0), tau)
+            p = E.exp_c(z - m_safe)
+            s += tl.where(valid, E.to_fixed(p, 0, 40), 0)
+            above = valid & finite & ~(z <= m_safe)
+            badf = tl.maximum(badf, above.to(tl.int32))
+            zt += tl.where(valid & (rn == local), E.f32_bits(z), 0)
+        tl.store(sum_ptr + row, tl.sum(s, axis=0))
+        tl.store(zt_ptr + row, tl.sum(zt, axis=0))
+        tl.store(bad_ptr + row, tl.max(badf, axis=0))
 
 
 @triton.jit
@@ -111,12 +111,14 @@ def _tlp_finish_kernel(zt_ptr, m_ptr, sum_ptr, owner_ptr, out_ptr, T, MODE: tl.c
         tl.store(out_ptr + offs, E.nan_to_canonical(d - E.log_c(total)), mask=mask)
 
 
-def _tiles(t: int) -> tuple[int, int, int, int]:
+def _token_chunk(t: int, v: int) -> int:
+    """Tokens per chunk: the chunk's fp32 logits [chunk, V] stay within LOGITS_BUDGET bytes;
+    a multiple of the GEMM's 128-row tile where the budget allows."""
     if L.SMALL_TILES:
-        return 16, 16, 32, 1
-    if t <= 16:
-        return 16, 64, 128, 4
-    return 64, 64, 128, 4
+        return 16
+    rows = max(16, LOGITS_BUDGET // max(1, 4 * v))
+    rows = rows // 128 * 128 if rows >= 128 else rows // 16 * 16
+    return max(16, min(rows, triton.next_power_of_2(t)))
 
 
 def _key_to_f32(key: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
@@ -127,46 +129,48 @@ def _key_to_f32(key: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
 
 
 class _Plan:
-    """Digits of the hidden rows, exponents of the weight rows, and the launch geometry."""
+    """The weight rows' exponents, the token chunking, and the passes over each chunk's logits."""
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float):
         self.t, self.k = hidden.shape
         self.v = weight.shape[0]
         self.hidden, self.weight = hidden, weight
-        self.xd, self.ex = L._digits(hidden)
         _, self.ew = L._digits(weight, write=False)
         self.tau_bits = f32_bits(temperature)
-        self.bm, self.bn, self.bk, self.warps = _tiles(self.t)
-        m_blocks = triton.cdiv(self.t, self.bm)
-        v_tiles = max(1, triton.cdiv(self.v, self.bn))
-        self.splits = max(1, min(v_tiles, triton.cdiv(TARGET_PROGRAMS, m_blocks)))
-        self.v_per_split = triton.cdiv(v_tiles, self.splits) * self.bn
-        self.splits = triton.cdiv(max(self.v, 1), self.v_per_split)
-        self.grid = (m_blocks, self.splits)
+        self.chunk = _token_chunk(self.t, self.v)
 
     def launch(self, phase: int, targets: torch.Tensor | None = None, m: torch.Tensor | None = None,
                vocab_start: int = 0) -> tuple[torch.Tensor, ...]:
+        """PHASE 1 -> (row max fp32,); 2 -> (S int64, target logit fp32, above-max flags);
+        3 -> (row max, S, target logit)."""
         dev = self.hidden.device
-        shape = (self.splits, self.t)
+        i32 = torch.int32
+        key = torch.empty(self.t, dtype=i32, device=dev) if phase == 1 else None
+        nan = torch.empty(self.t, dtype=i32, device=dev) if phase == 1 else None
+        s = torch.empty(self.t, dtype=torch.int64, device=dev) if phase != 1 else None
+        zt = torch.empty(self.t, dtype=i32, device=dev) if phase != 1 else None
+        bad = torch.empty(self.t, dtype=i32, device=dev) if phase != 1 else None
+        if phase == 3:
+            m = torch.empty(self.t, dtype=torch.float32, device=dev)
+        any_out = next(x for x in (key, s) if x is not None)
+        tgt = targets if targets is not None else any_out
+        block = 32 if L.SMALL_TILES else 1024
+        for t0 in range(0, self.t, self.chunk):
+            rows = min(self.chunk, self.t - t0)
+            y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew)  # [rows, V] fp32, bounded
+            _tlp_rows_kernel[(rows,)](
+                y, y.stride(0), tgt, m if m is not None else y, key if key is not None else any_out,
+                nan if nan is not None else any_out, s if s is not None else any_out,
+                zt if zt is not None else any_out, bad if bad is not None else any_out,
+                t0, self.v, vocab_start, self.tau_bits, PHASE=phase, BLOCK=block, num_warps=4, **LAUNCH)
+            del y  # the next chunk reuses its memory: one chunk of logits at a time
         if phase == 1:
-            key = torch.empty(shape, dtype=torch.int32, device=dev)
-            nan = torch.empty(shape, dtype=torch.int32, device=dev)
-            outs = (key, nan, key, key, key)
-        else:
-            s = torch.empty(shape, dtype=torch.int64, device=dev)
-            zt = torch.empty(shape, dtype=torch.int32, device=dev)
-            bad = torch.empty(shape, dtype=torch.int32, device=dev)
-            outs = (s, s, s, zt, bad)
-        tgt = targets if targets is not None else self.ex
-        mm = m if m is not None else self.ex
-        _tlp_pass_kernel[self.grid](
-            self.xd, self.weight, self.ex, self.ew, tgt, mm, outs[0], outs[1], outs[2], outs[3], outs[4],
-            self.t, self.v, self.k, self.t * self.k, self.weight.stride(0), self.weight.stride(1), vocab_start,
-            self.tau_bits, self.v_per_split, PHASE=phase, BLOCK_M=self.bm, BLOCK_N=self.bn, BLOCK_K=self.bk,
-            K_CHUNK=L.K_CHUNK, num_warps=self.warps, num_stages=2, **LAUNCH)
-        if phase == 1:
-            return (_key_to_f32(outs[0].amax(dim=0), outs[1].amax(dim=0)),)
-        return outs[0].sum(dim=0), outs[3].sum(dim=0, dtype=torch.int32).view(torch.float32), outs[4].amax(dim=0)
+            assert key is not None and nan is not None
+            return (_key_to_f32(key, nan),)
+        assert s is not None and zt is not None and bad is not None and m is not None
+        if phase == 2:
+            return s, zt.view(torch.float32), bad
+        return m, s, zt.view(torch.float32)
 
 
 def _finish(mode: int, zt: torch.Tensor, m: torch.Tensor | None, s: torch.Tensor | None,
@@ -192,9 +196,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     if t == 0:
         return torch.empty(0, dtype=torch.float32, device=hidden.device)
     dispatch.note_kernel("triton-fused-int8")
-    plan = _Plan(hidden, weight, temperature)
-    (m,) = plan.launch(1)
-    s, zt, _ = plan.launch(2, targets=targets.contiguous(), m=m)
+    m, s, zt = _Plan(hidden, weight, temperature).launch(3, targets=targets.contiguous())
     return _finish(0, zt, m, s, None)
 
 
@@ -232,17 +234,13 @@ def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torc
 
 def static_specs():
     specs = []
-    for dt in ("bf16", "fp16"):
-        for phase in (1, 2):
-            ints = "*i32" if phase == 1 else "*i64"  # phase 1 stores int32 keys, phase 2 int64 sums
-            specs.append(("token_logprobs", f"{dt}_pass{phase}", _tlp_pass_kernel,
-                          {"xd_ptr": "*i8", "w_ptr": f"*{dt}", "ex_ptr": "*i64", "ew_ptr": "*i64", "tgt_ptr": "*i64",
-                           "m_ptr": "*fp32", "key_ptr": ints, "nan_ptr": ints, "sum_ptr": ints, "zt_ptr": "*i32",
-                           "bad_ptr": "*i32", "T": "i32", "V": "i32", "K": "i32", "x_plane": "i64",
-                           "stride_wn": "i64", "stride_wk": "i64", "vocab_start": "i64", "tau_bits": "i32",
-                           "v_per_split": "i32", "PHASE": "constexpr", "BLOCK_M": "constexpr",
-                           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"},
-                          {"PHASE": phase, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "K_CHUNK": L.K_CHUNK}))
+    for phase in (1, 2, 3):
+        specs.append(("token_logprobs", f"rows_phase{phase}", _tlp_rows_kernel,
+                      {"y_ptr": "*fp32", "stride_y": "i64", "tgt_ptr": "*i64", "m_ptr": "*fp32", "key_ptr": "*i32",
+                       "nan_ptr": "*i32", "sum_ptr": "*i64", "zt_ptr": "*i32", "bad_ptr": "*i32", "row0": "i32",
+                       "V": "i32", "vocab_start": "i64", "tau_bits": "i32", "PHASE": "constexpr",
+                       "BLOCK": "constexpr"},
+                      {"PHASE": phase, "BLOCK": 1024}))
     for mode in (0, 1, 2):
         specs.append(("token_logprobs", f"finish_mode{mode}", _tlp_finish_kernel,
                       {"zt_ptr": "*fp32", "m_ptr": "*fp32", "sum_ptr": "*i64", "owner_ptr": "*i32",
