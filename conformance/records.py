@@ -52,8 +52,8 @@ class RunResult:
     manifest_sha256: str | None
     environment: dict[str, Any]
     mode: str = "quick"
-    #: cases planned but not run because the run was interrupted (SIGINT/SIGTERM); a run with
-    #: cases not run is never ``ok``
+    #: cases planned but not run because the run was interrupted (SIGINT/SIGTERM), plus 1 when
+    #: the static checks were due and did not finish; a run with steps not run is never ``ok``
     not_run: int = 0
 
     def summary(self) -> dict[str, Any]:
@@ -78,7 +78,7 @@ class RunResult:
         """``N passed, N failed``: the last line the CLI prints."""
         s = self.summary()
         line = f"{s['passed']} passed, {s['failed']} failed"
-        return line + (f" (interrupted: {self.not_run} cases not run)" if self.not_run else "")
+        return line + (f" (interrupted: {self.not_run} cases or phases not run)" if self.not_run else "")
 
     @property
     def ok(self) -> bool:

@@ -4,16 +4,19 @@ The suite does not know how a backend compiles its kernels. A backend that can c
 compiled code without the hardware (PTX/AMDGCN scanned for ``ex2.approx``, ``div.full``,
 ``.ftz``, contracted ``fma``, float atomics, ...) defines a method::
 
-    def static_checks(self) -> list[tuple[str, str, bool, str]]:
+    def static_checks(self, ops=None) -> list[tuple[str, str, bool, str]]:
         # (op, case, passed, detail) per check, e.g.
         # ("rms_norm", "sm_90/no-approx-div", True, "")
 
 and the runner turns each tuple into a record of kind ``static``. A check that raises is an
-``error`` record, never a silent pass. ``--op`` filters by the tuple's op.
+``error`` record, never a silent pass. ``--op`` filters by the tuple's op; a method that takes
+``ops`` gets the filter too, so it compiles only those ops' kernels (``static_checks(self)``
+without it works, and compiles everything).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +27,7 @@ logger = logging.getLogger(__name__)
 StaticResult = tuple[str, str, bool, str]
 
 
-def provider(backend: Any) -> Callable[[], list[StaticResult]] | None:
+def provider(backend: Any) -> Callable[..., list[StaticResult]] | None:
     """The backend's ``static_checks`` method, or ``None`` if it has none."""
     fn = getattr(backend, "static_checks", None)
     return fn if callable(fn) else None
@@ -44,7 +47,10 @@ def collect(backend: Any, ops: list[str] | None = None) -> list[dict[str, Any]]:
     if fn is None:
         return []
     try:
-        results = list(fn())
+        # a provider that takes ``ops`` compiles only those ops' kernels (a cold compile of every
+        # kernel takes minutes); one without it is filtered below
+        takes_ops = bool(inspect.signature(fn).parameters)
+        results = list(fn(ops) if takes_ops else fn())
     except Exception as exc:  # a crashing checker is a reported error, not a pass
         logger.exception("static checks of backend %s raised", getattr(backend, "name", backend))
         return [{"op": "*", "case": "static_checks", "status": "error", "detail": f"{type(exc).__name__}: {exc}"}]

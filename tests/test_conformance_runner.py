@@ -280,6 +280,39 @@ def test_static_checks_become_records(use_fake: Any, contract: types.ModuleType,
     assert static[1].detail == "found add.ftz.f32 in _k"
 
 
+def test_static_checks_get_the_op_filter(use_fake: Any, contract: types.ModuleType,
+                                         manifest_path: Path) -> None:
+    """A provider taking ``ops`` is told which ops to compile (a cold compile of every kernel
+    takes minutes on a GPU machine); its records are still filtered by op."""
+    backend = use_fake("exact_sum")
+    asked: list[Any] = []
+
+    def checks(ops: list[str] | None = None) -> list[tuple[str, str, bool, str]]:
+        asked.append(ops)
+        return [("fake_sum", "sm_90/clean", True, ""), ("other_op", "sm_90/clean", True, "")]
+
+    backend.static_checks = checks  # type: ignore[attr-defined]
+    result = run(contract, manifest_path, ops=["fake_sum"])
+    assert asked == [["fake_sum"]]
+    assert [(r.op, r.case) for r in result.records if r.kind == "static"] == [("fake_sum", "sm_90/clean")]
+
+
+def test_interrupt_during_static_checks_still_reports(use_fake: Any, contract: types.ModuleType,
+                                                     manifest_path: Path) -> None:
+    """SIGTERM (mapped to KeyboardInterrupt) while the static checks compile: the cases that ran
+    are reported, the unfinished static phase counts as not run, and the run is not ok."""
+    backend = use_fake("exact_sum")
+
+    def checks() -> list[tuple[str, str, bool, str]]:
+        raise KeyboardInterrupt("signal 15")
+
+    backend.static_checks = checks  # type: ignore[attr-defined]
+    result = run(contract, manifest_path)
+    assert [r.status for r in result.records] == ["pass"] * 5
+    assert result.not_run == 1 and not result.ok
+    assert "not run" in result.final_line()
+
+
 def test_case_filter(use_fake: Any, contract: types.ModuleType, manifest_path: Path) -> None:
     use_fake("swapped_sum")
     result = run(contract, manifest_path, cases=["row_alone_vs_batch"])

@@ -67,8 +67,9 @@ class CudaBackend(Backend):
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}"
 
-    def static_checks(self) -> list[tuple[str, str, bool, str]]:
-        """Compile every kernel for sm_90 without a GPU and scan the PTX (``static_checks.py``)."""
+    def static_checks(self, ops: list[str] | None = None) -> list[tuple[str, str, bool, str]]:
+        """Compile the kernels of ``ops`` (default: every kernel) for sm_90 without a GPU and scan
+        the PTX (``static_checks.py``)."""
         from .static_checks import static_checks
 
-        return static_checks()
+        return static_checks(ops)

@@ -81,25 +81,15 @@ def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl
         return (k0 + pos).to(tl.int64)
 
 
-@triton.jit(do_not_specialize=["n_seq"])  # n_seq = 1 must not become a constant (the search loop)
-def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k_ptr, table_ptr, cum_ptr,
+@triton.jit
+def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k_ptr, table_ptr,
                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, table_stride, block_size,
-                          D, group, scale_bits, n_seq,
+                          D, group, scale_bits,
                           PAGED: tl.constexpr, CAUSAL: tl.constexpr, OUT: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)
-    g = tl.program_id(1)  # KV head; its `group` query heads share the program (GQA packing)
-    # program -> (sequence b, row block mb): cum[b] = row blocks of the sequences before b
-    # (made on the device, so the launch needs no host sync); the grid is an upper bound
-    lo = pid * 0
-    hi = n_seq
-    while hi - lo > 1:  # invariant: cum[lo] <= pid < cum[hi]
-        mid = (lo + hi) // 2
-        below = tl.load(cum_ptr + mid) <= pid
-        lo = tl.where(below, mid, lo)
-        hi = tl.where(below, hi, mid)
-    b = lo
-    mb = pid - tl.load(cum_ptr + b)
+    mb = tl.program_id(0)
+    b = tl.program_id(1)
+    g = tl.program_id(2)  # KV head; its `group` query heads share the program (GQA packing)
     q0 = tl.load(cu_q_ptr + b).to(tl.int64)
     lq = tl.load(cu_q_ptr + b + 1).to(tl.int64) - q0
     if PAGED:
@@ -108,7 +98,7 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
     else:
         k0 = tl.load(cu_k_ptr + b).to(tl.int64)
         lk = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
-    if pid < tl.load(cum_ptr + n_seq):
+    if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
         row = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = query index * group + head in group
         qi = row // group  # segment-local query index
@@ -217,27 +207,24 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             scale: float | None, causal: bool, paged: bool) -> torch.Tensor:
     tq, hq, d = q.shape
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
-    n_seq = cu_q.shape[0] - 1
-    if tq == 0 or n_seq <= 0:
+    cq = [int(x) for x in cu_q.tolist()]
+    n_seq = len(cq) - 1
+    max_lq = max((cq[i + 1] - cq[i] for i in range(n_seq)), default=0)
+    if tq == 0 or n_seq == 0 or max_lq == 0:
         return out
     if scale is None:
         from rlkernel.backends.generic.attention import default_scale
 
         scale = default_scale(d)
     group = hq // hkv
-    # no host sync (CUDA-graph capturable): the tile from the mean rows per sequence, the
-    # program -> (sequence, row block) map as a device cumsum, the grid an upper bound on it
-    bm, bn, bd, warps = _tiles(d, triton.cdiv(tq, n_seq) * group)
-    blocks = torch.div((cu_q[1:] - cu_q[:-1]).to(torch.int32) * group + (bm - 1), bm, rounding_mode="floor")
-    cum = torch.zeros(n_seq + 1, dtype=torch.int32, device=q.device)
-    torch.cumsum(blocks, 0, out=cum[1:])
+    bm, bn, bd, warps = _tiles(d, max_lq * group)
     dummy = cu_q
-    grid = (triton.cdiv(tq * group, bm) + n_seq, hkv)
+    grid = (triton.cdiv(max_lq * group, bm), n_seq, hkv)
     _attention_fwd_kernel[grid](
         q, k, v, out, cu_q, cu_k if cu_k is not None else dummy, lens_k if lens_k is not None else dummy,
-        table if table is not None else dummy, cum,
+        table if table is not None else dummy,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale), n_seq,
+        table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
         PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
         num_warps=warps, num_stages=1, **LAUNCH)
     return out
@@ -272,7 +259,6 @@ def static_specs():
             specs.append(("attention" if not paged else "attention_paged", f"{dt}_d128", _attention_fwd_kernel,
                           {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}",
                            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "lens_k_ptr": "*i32", "table_ptr": "*i32",
-                           "cum_ptr": "*i32", "n_seq": "i32",
                            "sq_t": "i64", "sq_h": "i64", "sk_t": "i64", "sk_h": "i64", "sv_t": "i64", "sv_h": "i64",
                            "so_t": "i64", "so_h": "i64", "table_stride": "i64", "block_size": "i32", "D": "i32",
                            "group": "i32", "scale_bits": "i32", "PAGED": "constexpr", "CAUSAL": "constexpr",

@@ -33,9 +33,6 @@ from ._common import LAUNCH, f32_bits
 MAX_VOCAB = 1 << 22
 #: bytes of fp32 logits one token chunk may hold ([chunk, V])
 LOGITS_BUDGET = 128 << 20
-#: (BLOCK, num_warps) of the per-token pass over a stored logits row: wide, because a short chunk
-#: (decode: one token) is a handful of programs, each streaming a 600 KB row twice
-ROW_TILE = (4096, 16)
 
 
 @triton.jit
@@ -157,7 +154,7 @@ class _Plan:
             m = torch.empty(self.t, dtype=torch.float32, device=dev)
         any_out = next(x for x in (key, s) if x is not None)
         tgt = targets if targets is not None else any_out
-        block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
+        block = 32 if L.SMALL_TILES else 1024
         for t0 in range(0, self.t, self.chunk):
             rows = min(self.chunk, self.t - t0)
             y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew)  # [rows, V] fp32, bounded
@@ -165,7 +162,7 @@ class _Plan:
                 y, y.stride(0), tgt, m if m is not None else y, key if key is not None else any_out,
                 nan if nan is not None else any_out, s if s is not None else any_out,
                 zt if zt is not None else any_out, bad if bad is not None else any_out,
-                t0, self.v, vocab_start, self.tau_bits, PHASE=phase, BLOCK=block, num_warps=warps, **LAUNCH)
+                t0, self.v, vocab_start, self.tau_bits, PHASE=phase, BLOCK=block, num_warps=4, **LAUNCH)
             del y  # the next chunk reuses its memory: one chunk of logits at a time
         if phase == 1:
             assert key is not None and nan is not None
@@ -243,7 +240,7 @@ def static_specs():
                        "nan_ptr": "*i32", "sum_ptr": "*i64", "zt_ptr": "*i32", "bad_ptr": "*i32", "row0": "i32",
                        "V": "i32", "vocab_start": "i64", "tau_bits": "i32", "PHASE": "constexpr",
                        "BLOCK": "constexpr"},
-                      {"PHASE": phase, "BLOCK": ROW_TILE[0]}))
+                      {"PHASE": phase, "BLOCK": 1024}))
     for mode in (0, 1, 2):
         specs.append(("token_logprobs", f"finish_mode{mode}", _tlp_finish_kernel,
                       {"zt_ptr": "*fp32", "m_ptr": "*fp32", "sum_ptr": "*i64", "owner_ptr": "*i32",
