@@ -267,6 +267,22 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
     return triton.cdiv(triton.cdiv(k, bk), splits) * bk
 
 
+def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: torch.Tensor, ew: torch.Tensor,
+                 bias: torch.Tensor | None, out: torch.Tensor, k_split: int, tiles: tuple[int, int, int, int, int],
+                 *, w_digits: bool, finish: bool, atomic: bool, out_code: int) -> None:
+    """One ``_linear_gemm_kernel`` launch into ``out`` [M, N] (x digit planes ``xd`` [3, M, K];
+    ``wd`` the weight's digit planes, or the weight itself when not ``w_digits``)."""
+    m, k = xd.shape[1], xd.shape[2]
+    n = weight.shape[0]
+    bm, bn, bk, warps, stages = tiles
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, k_split))
+    _linear_gemm_kernel[grid](
+        xd, wd, ex, ew, bias if bias is not None else out, out,
+        m, n, k, k_split, m * k, n * k, weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        W_DIGITS=w_digits, FINISH=finish, ATOMIC=atomic, HAS_BIAS=bias is not None, OUT=out_code,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+
+
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
           bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None)."""
@@ -295,14 +311,9 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     k_split = _k_split(tiles, k, bk, x.device) if decode else k
     atomic = k_split < k
     acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, k_split))
-    has_bias = bias is not None
-    _linear_gemm_kernel[grid](
-        xd, wd, ex, ew, bias if has_bias and not atomic else acc, acc,
-        m, n, k, k_split, m * k, n * k, weight.stride(0), weight.stride(1), acc.stride(0), acc.stride(1),
-        W_DIGITS=not decode, FINISH=finish and not atomic, ATOMIC=atomic, HAS_BIAS=has_bias and not atomic,
-        OUT=OUT_CODE[out_dtype] if finish else 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK,
-        num_warps=warps, num_stages=stages, **LAUNCH)
+    _launch_gemm(xd, ex, weight, wd, ew, bias if not atomic else None, acc, k_split, (bm, bn, bk, warps, stages),
+                 w_digits=not decode, finish=finish and not atomic, atomic=atomic,
+                 out_code=OUT_CODE[out_dtype] if finish else 0)
     if atomic and finish:
         assert out_dtype is not None
         return _finish(acc, ex, ew, bias, out_dtype), ex, ew
@@ -333,11 +344,8 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor) -> torch.Ten
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y
-    bm, bn, bk, warps, stages = _tiles(m, decode=True) if m <= DECODE_MAX_M else _tiles(m, decode=False)
-    _linear_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), 1)](
-        xd, weight, ex, ew, y, y, m, n, k, k, m * k, n * k, weight.stride(0), weight.stride(1), y.stride(0),
-        y.stride(1), W_DIGITS=False, FINISH=True, ATOMIC=False, HAS_BIAS=False, OUT=0, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+    _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M),
+                 w_digits=False, finish=True, atomic=False, out_code=OUT_CODE[torch.float32])
     return y
 
 
@@ -387,27 +395,21 @@ def static_specs():
             "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
             "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
-    bm, bn, bk, warps, _ = PREFILL_TILES
-    specs.append(("linear", "prefill_gemm_bf16_out_bias", _linear_gemm_kernel,
-                  {**base, "w_ptr": "*i8", "bias_ptr": "*bf16", "y_ptr": "*bf16"},
-                  {"W_DIGITS": True, "FINISH": True, "ATOMIC": False, "HAS_BIAS": True, "OUT": 1, "BLOCK_M": bm,
-                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
-    specs.append(("linear", "decode_gemm_bf16_weight_fp32_out", _linear_gemm_kernel,
-                  {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
-                  {"W_DIGITS": False, "FINISH": True, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
-                   "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
-    specs.append(("linear", "logits_bf16_weight_prefill_tiles_fp32_out", _linear_gemm_kernel,
-                  {**base, "w_ptr": "*bf16", "bias_ptr": "*fp32", "y_ptr": "*fp32"},
-                  {"W_DIGITS": False, "FINISH": True, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm,
-                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
-    specs.append(("linear", "decode_split_k_bf16_weight_int64_atomic", _linear_gemm_kernel,
-                  {**base, "w_ptr": "*bf16", "bias_ptr": "*i64", "y_ptr": "*i64"},
-                  {"W_DIGITS": False, "FINISH": False, "ATOMIC": True, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": 16,
-                   "BLOCK_N": DECODE_BLOCK_N, "BLOCK_K": DECODE_BLOCK_K, "K_CHUNK": K_CHUNK}))
-    specs.append(("linear", "partial_gemm_int64_out", _linear_gemm_kernel,
-                  {**base, "w_ptr": "*i8", "bias_ptr": "*i64", "y_ptr": "*i64"},
-                  {"W_DIGITS": True, "FINISH": False, "ATOMIC": False, "HAS_BIAS": False, "OUT": 0, "BLOCK_M": bm,
-                   "BLOCK_N": bn, "BLOCK_K": bk, "K_CHUNK": K_CHUNK}))
+    bm, bn, bk, _, _ = PREFILL_TILES
+    prefill, decode = (bm, bn, bk), (16, DECODE_BLOCK_N, DECODE_BLOCK_K)
+
+    def gemm(case: str, w: str, y: str, tile: tuple[int, int, int], *, w_digits: bool, finish: bool,
+             atomic: bool = False, bias: bool = False, out: int = 0) -> None:
+        specs.append(("linear", case, _linear_gemm_kernel, {**base, "w_ptr": w, "bias_ptr": y, "y_ptr": y},
+                      {"W_DIGITS": w_digits, "FINISH": finish, "ATOMIC": atomic, "HAS_BIAS": bias, "OUT": out,
+                       "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK}))
+
+    gemm("prefill_gemm_bf16_out_bias", "*i8", "*bf16", prefill, w_digits=True, finish=True, bias=True, out=1)
+    gemm("decode_gemm_bf16_weight_fp32_out", "*bf16", "*fp32", decode, w_digits=False, finish=True)
+    gemm("logits_bf16_weight_prefill_tiles_fp32_out", "*bf16", "*fp32", prefill, w_digits=False, finish=True)
+    gemm("decode_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", decode, w_digits=False, finish=False,
+         atomic=True)
+    gemm("partial_gemm_int64_out", "*i8", "*i64", prefill, w_digits=True, finish=False)
     specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
                   {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",
                    "M": "i32", "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
