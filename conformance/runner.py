@@ -68,6 +68,8 @@ class RunConfig:
     full: bool = False
     manifest_path: Path | None = None
     static: bool = True
+    #: stop at the first case that does not pass (the rest count as not run, so the run fails)
+    fail_fast: bool = False
 
 
 def default_device() -> torch.device:
@@ -282,8 +284,11 @@ def run(
     done = 0
     try:
         for step in plan:
-            state.add(step())
+            record = step()
+            state.add(record)
             done += 1
+            if config.fail_fast and record.failed:
+                break
     except KeyboardInterrupt:  # SIGINT, or SIGTERM (the CLI maps it): report what ran, fail the run
         pass
     # the static checks compile kernels (minutes on a cold cache): an interruption there still

@@ -47,6 +47,12 @@ class Contract:
         Names from :data:`INVARIANCES` that conformance checks metamorphically.
     dtypes : mapping of str to tuple of torch.dtype
         Accepted dtypes per argument.
+    parameters : mapping of str to str
+        Every numeric parameter of the contract (fixed-point widths, digit base and count,
+        exponent rules, rounding modes and points, table sizes and coefficients, Philox rounds
+        and key schedule, clamp bounds, special-value rules), name -> what it is and its value.
+        Each one is pinned: some golden case fails when it changes by the smallest step, and
+        the mutation test (``tests/test_mutations.py``) proves it on the generic backend.
     """
 
     name: str
@@ -54,6 +60,7 @@ class Contract:
     summary: str
     invariances: tuple[str, ...]
     dtypes: Mapping[str, tuple[torch.dtype, ...]] = field(default_factory=dict)
+    parameters: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = [i for i in self.invariances if i not in INVARIANCES]

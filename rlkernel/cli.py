@@ -90,7 +90,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from rlkernel.conformance.progress import StreamProgress
 
     config = runner.RunConfig(backend=args.backend, device=args.device, ops=args.op, cases=args.case,
-                              full=args.full, manifest_path=args.manifest)
+                              full=args.full, manifest_path=args.manifest,
+                              fail_fast=args.fail_fast)
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
@@ -172,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--quick", dest="full", action="store_false", help="skip full_only cases (default)")
     mode.add_argument("--full", dest="full", action="store_true", help="run every case, large shapes included")
     conf.add_argument("--manifest", type=Path, default=None, help="golden manifest (default: the packaged one)")
+    conf.add_argument("--fail-fast", action="store_true",
+                      help="stop at the first case that does not pass (the cases left count as not run)")
     conf.set_defaults(func=cmd_conformance, full=False)
 
     bench = sub.add_parser("bench", help="time rlkernel ops against native PyTorch ops")
