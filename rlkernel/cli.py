@@ -1,4 +1,4 @@
-"""The ``rlkernel`` command: ``info``, ``conformance`` and ``bench``.
+"""The ``rlkernel`` command: ``info``, ``conformance``, ``accuracy`` and ``bench``.
 
 The CLI parses arguments, calls the library and prints; the work is done in
 :mod:`rlkernel.conformance.runner`, :mod:`rlkernel.conformance.report` and :mod:`rlkernel.bench`.
@@ -153,6 +153,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    """Measure every op against float64 next to the native kernels; write ``accuracy.{json,md}``."""
+    from rlkernel.conformance.accuracy import report, runner
+
+    device = torch.device(args.device) if args.device else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    size = args.size or ("full" if device.type != "cpu" else "small")
+    _sigterm_interrupts()
+    try:
+        rows = runner.run(device, size, args.op)
+    except KeyboardInterrupt:
+        print("rlkernel accuracy: interrupted; no report written", file=sys.stderr)
+        return EXIT_FAILED
+    doc = report.document(rows, device, size, ["rlkernel", *sys.argv[1:]])
+    paths = report.write(doc, Path(args.out))
+    for row in rows:
+        if row["status"] in ("below native", "error"):
+            detail = row.get("error") or "{metric} {rlkernel:.3g} vs native {native:.3g}".format(**row["verdict"])
+            print(f"{row['status'].upper()} {row['op']}/{row['dataset']}: {detail}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    print(", ".join(f"{n} {s}" for s, n in sorted(doc["summary"].items())))
+    bad = doc["summary"].get("below native", 0) + doc["summary"].get("error", 0)
+    return EXIT_FAILED if bad else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkernel", description="Bitwise-reproducible kernels for RL post-training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -176,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--fail-fast", action="store_true",
                       help="stop at the first case that does not pass (the cases left count as not run)")
     conf.set_defaults(func=cmd_conformance, full=False)
+
+    acc = sub.add_parser("accuracy", help="measure every op against float64, next to the native kernels")
+    acc.add_argument("--device", help="device (default: cuda if available, else cpu)")
+    acc.add_argument("--size", choices=("small", "full"),
+                     help="problem sizes: small (CI, seconds on a CPU) or full (Qwen3 widths, long context; "
+                          "default on accelerators)")
+    acc.add_argument("--op", action="append", help="public op to measure (repeatable; default: all)")
+    acc.add_argument("--out", default="accuracy-report", help="output directory (default: %(default)s)")
+    acc.set_defaults(func=cmd_accuracy)
 
     bench = sub.add_parser("bench", help="time rlkernel ops against native PyTorch ops")
     bench.add_argument("--op", action="append", help="contract module to bench (repeatable; default: all present)")
