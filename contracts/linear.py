@@ -14,24 +14,27 @@ and gives the bits of ``linear`` on the whole K for any number of shards and any
 Column-parallel TP (a row-slice of ``weight``) gives the matching slice of the output, since
 every output element depends only on its own row of x and row of weight.
 
-Bitwise semantics (version 1)
+Bitwise semantics (version 2)
 -----------------------------
 For x [M, K] (leading axes flattened) and weight [N, K], both bfloat16 or both float16:
 
 - ``ex_i = expo(max_k |x_ik|)``, ``ew_j = expo(max_k |w_jk|)`` (P1, finite entries only). The
   exponent of an all-zero row (or of K = 0) does not affect any bit, since its ``C`` is 0.
-- ``X_ik = RNE(x_ik * 2**(20 - ex_i))``, ``Wt_jk = RNE(w_jk * 2**(20 - ew_j))``: the 21-bit
-  signed grids, ``|X|, |Wt| <= 2**20``.
-- ``C_ij = sum_k X_ik Wt_jk`` exactly (int64; K <= 2**22, checked).
-- ``y_ij = ldexp_c(int_to_fp32(C_ij), ex_i + ew_j - 40)`` (P3 then P2: one rounding to fp32,
-  then the power-of-two scaling of P2, which may round a second time only in the subnormal
-  range).
+- ``X_ik = RNE(x_ik * 2**(27 - ex_i))``: activation rows on a 28-bit signed grid,
+  ``|X| <= 2**27`` (bf16/fp16 values within 20 binades of the row max are exact, so a few
+  outlier channels 1000x the rest leave the others every bit). ``Wt_jk = RNE(w_jk * 2**(20 -
+  ew_j))``: weight rows on a 21-bit grid, ``|Wt| <= 2**20``.
+- ``C_ij = sum_k X_ik Wt_jk`` exactly (int64; K <= 65535 = 2**16 - 1 keeps |C| < 2**63, checked).
+- Without bias: ``y_ij = RN_out(C_ij * 2**(ex_i + ew_j - 47))``, the exact value rounded once,
+  half to even, straight to ``out_dtype`` (P3': subnormals kept, overflow to +-inf). With a
+  bias: ``y_ij = RN_out(RN32(RN32(C_ij * 2**(ex_i + ew_j - 47)) + fp32(bias_j)))`` (one rounding
+  to fp32, one IEEE fp32 addition, the cast; bias bf16/fp16 is widened exactly).
 - If row i of x or row j of weight holds a NaN or an infinity, ``y_ij`` is NaN (and only
-  those elements: other rows and columns are unaffected).
-- With a bias: ``y_ij = RN32(y_ij + fp32(bias_j))`` (one IEEE fp32 addition; bias bf16/fp16
-  is widened exactly).
-- Output: ``y`` cast to ``out_dtype`` (default ``x.dtype``) by round-to-nearest-even (R6),
-  overflow to +-inf, NaN canonical (P8).
+  those elements: other rows and columns are unaffected). Output NaN canonical (P8).
+
+Version 1 put both operands on 21-bit grids and rounded ``C`` to fp32 before the scaling and the
+cast (two roundings for half outputs): with outlier channels 100-3000x the rest, the ordinary
+channels kept ~10 bits (docs/accuracy/linear.md has the measurements).
 
 Each output element depends only on (row i of x, row j of weight, bias_j), and ``C`` is an
 exact integer, so the bits are invariant to batch composition, row order, the order of K
@@ -54,16 +57,8 @@ from typing import Any
 import torch
 
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
-from rlkernel.contracts._exact.digits import (
-    GRID_BITS,
-    MAX_K,
-    digit_matmul,
-    int_matmul,
-    nonfinite_rows,
-    row_exponent,
-    to_grid,
-)
-from rlkernel.contracts._exact.fp32 import int_to_fp32, ldexp_c, round_to
+from rlkernel.contracts._exact.digits import int_matmul, nonfinite_rows, row_exponent, to_grid
+from rlkernel.contracts._exact.fp32 import canonicalize, int_to_float, round_to
 from rlkernel.contracts._gen import (
     from_bits,
     integers,
@@ -78,8 +73,8 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 CONTRACT = Contract(
     name="linear",
-    version=1,
-    summary="``y = cast(RN32(ldexp_c(RN32(sum_k X_ik W_jk), ex_i + ew_j - 40) + bias_j))``, 21-bit row grids",
+    version=2,
+    summary="``y = RN_out(sum_k X_ik W_jk * 2**(ex_i + ew_j - 47))`` (+ bias in fp32), 28-bit x rows, 21-bit w rows",
     invariances=("batch", "permutation", "reduction_order", "tp_degree", "repeat", "autograd"),
     dtypes={
         "x": (BF16, FP16),
@@ -92,6 +87,12 @@ CONTRACT = Contract(
     },
 )
 
+#: Magnitude bits of the activation (x) row grid: |X| <= 2**27 (28 signed bits, 4 base-128 digits).
+X_BITS = 27
+#: Magnitude bits of the weight row grid: |Wt| <= 2**20 (21 signed bits, 3 base-128 digits).
+W_BITS = 20
+#: Largest K: |C| <= K * 2**47 < 2**63.
+MAX_K = (1 << 16) - 1
 #: Exponent marking a row that holds NaN or +-inf (larger than any real exponent).
 SENTINEL = 1 << 20
 #: Exponent of an all-zero row (or an empty K-slice) in the sub-ops: below every real
@@ -114,8 +115,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _check_k(op: str, k: int) -> None:
     if k > MAX_K:
-        raise ValueError(f"{op}: K={k} exceeds the exact-sum bound 2**22 = {MAX_K} of the digit matmul "
-                         f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards")
+        raise ValueError(f"{op}: K={k} exceeds the exact-sum bound 2**16 - 1 = {MAX_K} of the digit matmul "
+                         f"(|C| <= K * 2**47 < 2**63)")
 
 
 def _exponents(t: torch.Tensor) -> torch.Tensor:
@@ -146,19 +147,14 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
     Bitwise semantics
     -----------------
-    See the module docstring: 21-bit row grids, exact int64 ``C``, one rounding to fp32,
-    ``ldexp_c`` scaling, NaN for non-finite rows, ``RN32(y + bias)``, RNE cast, canonical NaN.
+    See the module docstring: 28-bit x rows and 21-bit weight rows, exact int64 ``C``, one
+    rounding to ``out_dtype`` (through fp32 and ``RN32(y + bias)`` with a bias), NaN for
+    non-finite rows, canonical NaN. Defined as the composition of the three sub-ops on one
+    shard: ``linear_finish(linear_partial(x, w, *linear_exponents(x, w)), ...)``.
     """
-    lead, k, n = tuple(x.shape[:-1]), x.shape[-1], weight.shape[0]
-    _check_k("linear", k)
-    x2 = _rows(x)
-    if k == 0:
-        y = torch.zeros((x2.shape[0], n), dtype=FP32)
-    else:
-        y = digit_matmul(x2, weight)
-    if bias is not None:
-        y = y + bias.to(FP32)  # fp32 + fp32: one IEEE rounding
-    return round_to(y, out_dtype or x.dtype).reshape(*lead, n)
+    _check_k("linear", x.shape[-1])
+    ex, ew = reference_exponents(x, weight)
+    return reference_finish(reference_partial(x, weight, ex, ew), ex, ew, bias, out_dtype or x.dtype)
 
 
 def reference_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,7 +174,7 @@ def reference_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Te
     return _exponents(_rows(x)).reshape(x.shape[:-1]), _exponents(weight)
 
 
-def _grid_or_raise(op: str, name: str, t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def _grid_or_raise(op: str, name: str, t: torch.Tensor, e: torch.Tensor, bits: int) -> torch.Tensor:
     """Rows of ``t`` on the grids ``e`` (sentinel rows -> 0); raises if ``e`` is below a row's own exponent."""
     own = _exponents(t)
     low = e < own
@@ -190,7 +186,7 @@ def _grid_or_raise(op: str, name: str, t: torch.Tensor, e: torch.Tensor) -> torc
     safe = torch.where(sentinel, torch.zeros_like(e), e)
     if t.shape[-1] == 0:
         return torch.zeros(t.shape, dtype=torch.int64)
-    grid = to_grid(t, safe)
+    grid = to_grid(t, safe, bits)
     return torch.where(sentinel.unsqueeze(-1), torch.zeros_like(grid), grid)
 
 
@@ -211,20 +207,21 @@ def reference_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, e
 
     Bitwise semantics
     -----------------
-    ``C_ij = sum_k RNE(x_ik 2**(20 - ex_i)) RNE(w_jk 2**(20 - ew_j))``; rows whose exponent is
-    the sentinel contribute 0. ``ex_i`` below row i's own exponent raises ``ValueError`` (the
-    grid would exceed 21 bits).
+    ``C_ij = sum_k RNE(x_ik 2**(27 - ex_i)) RNE(w_jk 2**(20 - ew_j))``; rows whose exponent is
+    the sentinel contribute 0. An exponent below the row's own raises ``ValueError`` (the grid
+    would exceed 28 / 21 bits).
     """
     lead, k, n = tuple(x.shape[:-1]), x.shape[-1], weight.shape[0]
     _check_k("linear_partial", k)
-    xg = _grid_or_raise("linear_partial", "ex", _rows(x), ex.reshape(-1))
-    wg = _grid_or_raise("linear_partial", "ew", weight, ew)
+    xg = _grid_or_raise("linear_partial", "ex", _rows(x), ex.reshape(-1), X_BITS)
+    wg = _grid_or_raise("linear_partial", "ew", weight, ew, W_BITS)
     return int_matmul(xg, wg).reshape(*lead, n)
 
 
 def reference_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None = None,
                      out_dtype: torch.dtype = FP32) -> torch.Tensor:
-    """``y = cast(RN32(ldexp_c(int_to_fp32(acc), ex + ew - 40) + bias))``, NaN on sentinel rows.
+    """``y = RN_out(acc * 2**(ex + ew - 47))`` (with a bias: ``RN_out(RN32(RN32(...) + bias))``), NaN on
+    sentinel rows.
 
     Parameters
     ----------
@@ -246,11 +243,15 @@ def reference_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias
     bad = (e_x == SENTINEL).unsqueeze(1) | (e_w == SENTINEL).unsqueeze(0)
     e_x = torch.where(e_x == SENTINEL, torch.zeros_like(e_x), e_x)
     e_w = torch.where(e_w == SENTINEL, torch.zeros_like(e_w), e_w)
-    y = ldexp_c(int_to_fp32(a2), e_x.unsqueeze(1) + e_w.unsqueeze(0) - 2 * GRID_BITS)
-    y = torch.where(bad, torch.full_like(y, float("nan")), y)
-    if bias is not None:
-        y = y + bias.to(FP32)
-    return round_to(y, out_dtype).reshape(acc.shape[:-1] + (n,))
+    scale = e_x.unsqueeze(1) + e_w.unsqueeze(0) - X_BITS - W_BITS
+    if bias is None:
+        y = int_to_float(a2, scale, out_dtype)  # one rounding, straight to the output dtype
+        y = canonicalize(torch.where(bad, torch.full_like(y, float("nan")), y))
+    else:
+        y = int_to_float(a2, scale, FP32)
+        y = torch.where(bad, torch.full_like(y, float("nan")), y) + bias.to(FP32)  # one IEEE fp32 addition
+        y = round_to(y, out_dtype)
+    return y.reshape(acc.shape[:-1] + (n,))
 
 
 REFERENCES = {

@@ -12,9 +12,10 @@ The algorithm (the definition; ``reference`` below executes it)
 For hidden ``h`` [T, H] and weight ``W`` [V, H] (both bf16 or both fp16), targets ``y`` [T]
 (int64 in [0, V)) and a temperature ``tau`` (a Python float, ``fp32(tau)`` > 0 and finite):
 
-1. ``z_tj = digit_matmul(h, W)_tj`` (P5: 21-bit row grids, exact int64 dot product, one
-   rounding to fp32, ``ldexp_c`` by the two row exponents; NaN where row t of h or row j of W
-   holds a non-finite value).
+1. ``z_tj = linear(h, W, out_dtype=float32)_tj`` (contract ``linear`` v2: hidden rows on 28-bit
+   grids, weight rows on 21-bit grids, exact int64 dot product ``C``, ``C * 2**(eh + ew - 47)``
+   rounded once to fp32; NaN where row t of h or row j of W holds a non-finite value). H <= 2**16
+   - 1. (Version 1 used 21-bit grids for both: hidden states with outlier channels lost ~10 bits.)
 2. ``z_tj = z_tj / fp32(tau)`` (one IEEE fp32 division of two fp32 numbers).
 3. ``m_t = max_j z_tj`` (R5: NaN propagates, a zero max is +0).
 4. ``d_tj = z_tj - m_t``; ``p_tj = exp_c(d_tj)`` (P6).
@@ -61,16 +62,16 @@ import torch
 import torch.nn.functional as F
 
 from ._contract import BenchCase, Case, Contract, InvarianceCase, Runner
-from ._exact.digits import digit_matmul
+from ._exact.digits import int_matmul, nonfinite_rows, row_exponent, to_grid
 from ._exact.fixed import F_SUM, fixed_sum, fixed_sum_int
-from ._exact.fp32 import canonicalize, int_to_fp32, ldexp_c, max_r5
+from ._exact.fp32 import canonicalize, int_to_float, int_to_fp32, ldexp_c, max_r5
 from ._exact.transcendental import exp_c, log_c
 from ._gen import from_bits, integers, normal, seed_of, special_values, with_outlier_channels
 
 CONTRACT = Contract(
     name="token_logprobs",
-    version=1,
-    summary="out_t = (z_t[y_t] - max z_t) - log_c(fixed_sum(exp_c(z_t - max z_t))), z = digit_matmul(h, W) / tau",
+    version=2,
+    summary="out_t = (z_t[y_t] - max z_t) - log_c(fixed_sum(exp_c(z_t - max z_t))), z = linear_v2(h, W) / tau",
     invariances=("batch", "chunking", "prefill_decode", "permutation", "reduction_order", "tp_degree", "repeat"),
     dtypes={"hidden": (torch.bfloat16, torch.float16), "weight": (torch.bfloat16, torch.float16),
             "targets": (torch.int64,)},
@@ -78,11 +79,19 @@ CONTRACT = Contract(
 
 #: Largest vocabulary: V * 2**40 < 2**63 (P4 absolute grid, F = 40).
 MAX_VOCAB = 1 << 22
+#: Grid magnitude bits of hidden rows (28-bit grid) and LM-head rows (21-bit grid), as linear v2.
+H_BITS, W_BITS = 27, 20
+#: Largest hidden size: |C| <= H * 2**47 < 2**63.
+MAX_HIDDEN = (1 << 16) - 1
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Steps 1-2: fp32 [T, V] logits ``digit_matmul(h, W) / fp32(tau)``."""
-    z = digit_matmul(hidden, weight)
+    """Steps 1-2: fp32 [T, V] logits ``linear_v2(h, W) / fp32(tau)``."""
+    eh, ew = row_exponent(hidden), row_exponent(weight)
+    c = int_matmul(to_grid(hidden, eh, H_BITS), to_grid(weight, ew, W_BITS))
+    z = int_to_float(c, eh.unsqueeze(1) + ew.unsqueeze(0) - H_BITS - W_BITS, torch.float32)
+    bad = nonfinite_rows(hidden).unsqueeze(1) | nonfinite_rows(weight).unsqueeze(0)
+    z = torch.where(bad, torch.full_like(z, float("nan")), z)
     tau = torch.tensor(temperature, dtype=torch.float32)  # fp32(tau): one RNE rounding
     return z / tau
 
@@ -108,7 +117,7 @@ def reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     Steps 1-6 of the module docstring: digit-matmul logits, one IEEE division by
     ``fp32(tau)``, R5 row max, ``exp_c`` of the shifted logits, their exact sum on the grid
     2**-40, ``log_c`` of it. NaN (canonical) exactly where the row max is not finite.
-    Contract ``token_logprobs`` version 1.
+    Contract ``token_logprobs`` version 2.
     """
     z = _logits(hidden, weight, temperature)
     m = max_r5(z, dim=-1)
@@ -148,7 +157,7 @@ def reference_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, targets:
     Bitwise semantics
     -----------------
     See the module docstring: all-reduce SUM ``sum_int`` as int64 and ``target_d`` through its
-    int32 bit pattern, then :func:`reference_finish`. Contract ``token_logprobs`` version 1.
+    int32 bit pattern, then :func:`reference_finish`. Contract ``token_logprobs`` version 2.
     """
     z = _logits(hidden, weight_shard, temperature)
     if row_max is None:
@@ -186,7 +195,7 @@ def reference_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torch.Ten
     Bitwise semantics
     -----------------
     One ``int_to_fp32`` (P3), one ``ldexp_c`` (P2), ``log_c`` (P6), one fp32 subtraction,
-    NaN-canonicalised. Contract ``token_logprobs`` version 1.
+    NaN-canonicalised. Contract ``token_logprobs`` version 2.
     """
     total = ldexp_c(int_to_fp32(sum_int), torch.full_like(sum_int, -F_SUM))
     return canonicalize(target_d - log_c(total))

@@ -128,11 +128,11 @@ def row_parallel_linear(x_shard: torch.Tensor, w_shard: torch.Tensor, bias: torc
     Raises
     ------
     ValueError
-        Shapes that differ between ranks, or the total K above 2**22 (on every rank alike).
+        Shapes that differ between ranks, or the total K above 2**16 - 1 (on every rank alike).
 
     Bitwise semantics
     -----------------
-    Contract ``linear`` v1 via its sub-ops: ``linear_exponents`` -> all-reduce MAX (one
+    Contract ``linear`` v2 via its sub-ops: ``linear_exponents`` -> all-reduce MAX (one
     collective for ex and ew; the non-finite sentinel propagates) -> ``linear_partial`` ->
     all-reduce SUM of int64 (exact in any order) -> ``linear_finish``. Three collectives: the
     shape check, MAX, SUM.
@@ -155,7 +155,7 @@ def row_parallel_linear(x_shard: torch.Tensor, w_shard: torch.Tensor, bias: torc
     _reduce(flat, "sum", group)  # |sum| <= K_total 2**40 <= 2**62 once K_total is checked below
     k_total = int(flat[-1])
     if k_total > MAX_K:
-        raise ValueError(f"{name}: the total K = {k_total} over all shards exceeds the exact-sum bound 2**22 = "
+        raise ValueError(f"{name}: the total K = {k_total} over all shards exceeds the exact-sum bound 2**16 - 1 = "
                          f"{MAX_K} of linear")
     return linear_finish(flat[:-1].reshape(acc.shape), ex, ew, bias, out_dtype or x_shard.dtype)
 
@@ -182,7 +182,7 @@ def column_parallel_linear(x: torch.Tensor, w_shard: torch.Tensor, bias_shard: t
 
     Bitwise semantics
     -----------------
-    Contract ``linear`` v1: each output element depends only on its row of x and its row of the
+    Contract ``linear`` v2: each output element depends only on its row of x and its row of the
     weight, so ``y_r`` is bitwise the matching column slice of the unsharded output, and
     gathering the slices (``torch.distributed.all_gather``, a copy) rebuilds it exactly.
     """

@@ -202,10 +202,12 @@ def test_forced_small_blocks_give_the_same_bits(monkeypatch: pytest.MonkeyPatch)
     assert_bits(expected, token_logprobs_finish(s, d), "small blocks, one shard")
 
 
+@pytest.mark.parametrize("bits, count", [(27, 4), (20, 3)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp32_digit_planes_rebuild_the_p5_grid(dtype: torch.dtype):
-    """The kernel's fp32-only digits recombine to the reference's 21-bit grid integers, for rows of
-    random finite bit patterns (every binade, subnormals, ties on the grid) and scaled rows."""
+def test_fp32_digit_planes_rebuild_the_grid(dtype: torch.dtype, bits: int, count: int):
+    """The kernel's fp32-only digits recombine to the reference's grid integers (28-bit hidden rows,
+    21-bit head rows), for rows of random finite bit patterns (every binade, subnormals, ties on the
+    grid) and scaled rows."""
     from rlkernel.contracts._exact.digits import row_exponent, to_grid
     from rlkernel.contracts._gen import random_bits
 
@@ -214,11 +216,11 @@ def test_fp32_digit_planes_rebuild_the_p5_grid(dtype: torch.dtype):
     x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     x[:8] = (x[:8].double() * 2.0**-100).to(dtype)  # tiny rows (bf16: subnormal row maxima)
     x[8] = 0
-    e, d, bad = gen._digits(x)
-    assert not bool(bad.any()) and float(d.abs().max()) <= 64
-    rebuilt = d[0].to(torch.int64) + 128 * d[1].to(torch.int64) + 16384 * d[2].to(torch.int64)
+    e, d, bad = gen._digits(x, bits, count)
+    assert not bool(bad.any()) and float(d.abs().max()) <= 64 and d.shape[0] == count
+    rebuilt = sum(d[i].to(torch.int64) << (7 * i) for i in range(count))
     assert torch.equal(e, row_exponent(x))
-    assert torch.equal(rebuilt, to_grid(x, row_exponent(x)))
+    assert torch.equal(rebuilt, to_grid(x, row_exponent(x), bits))
 
 
 def test_dispatch_reports_the_kernel():

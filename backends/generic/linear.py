@@ -1,19 +1,21 @@
-"""Device-generic ``linear`` and its tensor-parallel sub-ops (contract ``linear`` v1, P5).
+"""Device-generic ``linear`` and its tensor-parallel sub-ops (contract ``linear`` v2, P5).
 
 Independent of the reference: exponents and grids come from the fp32 bit patterns, the exact
-integer product ``C = X @ Wt.T`` is formed one of two ways, and int64 -> fp32 rounding and the
-power-of-two scaling are integer/bit arithmetic.
+integer product ``C = X @ Wt.T`` (x rows on 28-bit grids, weight rows on 21-bit grids) is
+formed one of two ways, and the single rounding of ``C * 2**(ex + ew - 47)`` to the output
+dtype is integer/bit arithmetic.
 
 Paths for ``C`` (both exact, so both give the contract's bits; the one taken is reported
 through :func:`rlkernel.dispatch.note_kernel`):
 
-- ``f64`` (CPU): the 21-bit grid values themselves in float64 GEMMs over K-chunks of 8192
-  (``|X Wt| <= 2**40``, so every partial sum is an integer of magnitude <= 2**53: exact in
-  any BLAS order), accumulated in int64. One GEMM instead of nine digit GEMMs.
-- ``digits`` (any other device): three balanced base-128 digits per operand, made with exact
-  fp32 arithmetic (power-of-two scalings and round-half-even), and nine fp32 digit GEMMs over
-  K-chunks of 4096 (every partial sum an integer below 2**24), combined in int64 with shifts —
-  exact on fp32, tf32, bf16 and fp16 matrix units.
+- ``f64`` (CPU): x's grid values split in two base-2**14 halves (``X = 2**14 Xh + Xl``, both
+  at most 2**13 in magnitude) against the 21-bit weight grid in float64 GEMMs (``|Xh Wt| <=
+  2**33``: for K <= 2**16 every partial sum is an integer below 2**53, exact in any BLAS
+  order), combined in int64. Two GEMMs instead of twelve digit GEMMs.
+- ``digits`` (any other device): balanced base-128 digits (four for x, three for the weight),
+  made with exact fp32 arithmetic (power-of-two scalings and round-half-even), and twelve fp32
+  digit GEMMs over K-chunks of 4096 (every partial sum an integer below 2**24), combined in
+  int64 with shifts — exact on fp32, tf32, bf16 and fp16 matrix units.
 
 Rows of x are processed in blocks so that the temporary grids stay small.
 """
@@ -23,14 +25,19 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.backends.generic._exact.digits import int_product
-from rlkernel.backends.generic._exact.fp32 import cast_out, exponent, int64_to_f32, pow2_f32, scale_pow2
+from rlkernel.backends.generic._exact.digits import digit_planes, int_product
+from rlkernel.backends.generic._exact.fp32 import cast_out, exponent, int64_to_float
 
-GRID = 20
+#: grid magnitude bits of x rows (|X| <= 2**27) and weight rows (|Wt| <= 2**20)
+X_BITS = 27
+W_BITS = 20
+#: base-128 digits per operand on the digits path
+X_DIGITS, W_DIGITS = 4, 3
 SENTINEL = 1 << 20
 #: exponent of an all-zero row or empty K-slice: below every real exponent (MAX over shards ignores it)
 ZERO_EXP = -149
-F64_K_CHUNK = 1 << 13
+#: x's float64 halves: X = 2**HALF_BITS * Xh + Xl
+HALF_BITS = 14
 #: elements of x per row block (a block's float64 grid is at most 64 MiB)
 BLOCK_ELEMENTS = 1 << 23
 
@@ -57,48 +64,33 @@ def _pow2_f64(k: torch.Tensor) -> torch.Tensor:
     return ((k + 1023) << 52).view(torch.float64)
 
 
-def _grid_f64(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``RNE(t * 2**(20 - e))`` per row as integer-valued float64 (non-finite entries and SENTINEL rows -> 0)."""
+def _grid_f64(t: torch.Tensor, e: torch.Tensor, bits: int) -> torch.Tensor:
+    """``RNE(t * 2**(bits - e))`` per row as integer-valued float64 (non-finite entries and SENTINEL rows -> 0)."""
     live = e != SENTINEL
-    scale = _pow2_f64(torch.where(live, GRID - e, torch.zeros_like(e)))  # 20 - e in [-108, 169]: exact
+    scale = _pow2_f64(torch.where(live, bits - e, torch.zeros_like(e)))  # bits - e in [-108, 176]: exact
     t64 = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float64)
     g = torch.round(t64 * scale.unsqueeze(1))  # exact product (<= 24 significant bits), then RNE
     return torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
 
 
-def _digits_f32(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """fp32 [3, R, K]: balanced base-128 digits (each in [-64, 64]) of ``g = RNE(t * 2**(20 - e))``.
-
-    Every step is exact in fp32. ``t * 2**a * 2**b`` (a + b = 20 - e, both in [-54, 85]) is
-    exact whenever the scaled value can round to a nonzero grid integer (a bf16/fp16 value has at
-    most 11 significant bits and the intermediate is then normal); values that underflow in the
-    first or second step are below 2**-41 and round to 0 either way. Then ``g = d0 + 128 d1 +
-    128**2 d2`` with ``q1 = RNE(g / 128)``, ``d0 = g - 128 q1``, ``d2 = RNE(q1 / 128)``,
-    ``d1 = q1 - 128 d2`` (scalings by 2**-7 are exact multiplications).
-    """
+def _digits_f32(t: torch.Tensor, e: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """fp32 [count, R, K] balanced base-128 digits of the rows' grids (SENTINEL rows -> 0)."""
     live = e != SENTINEL
-    s = torch.where(live, GRID - e, torch.zeros_like(e))
-    a = torch.div(s, 2, rounding_mode="floor")
-    b = s - a
-    tf = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float32)
-    g = torch.round((tf * pow2_f32(a).unsqueeze(1)) * pow2_f32(b).unsqueeze(1))
-    g = torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
-    q1 = torch.round(g * 2.0**-7)
-    d0 = g - q1 * 128.0
-    d2 = torch.round(q1 * 2.0**-7)
-    d1 = q1 - d2 * 128.0
-    return torch.stack((d0, d1, d2))
+    planes = digit_planes(t, torch.where(live, e, torch.zeros_like(e)), bits, count)
+    return torch.where(live.unsqueeze(-1), planes, torch.zeros_like(planes))
 
 
 def _product_f64(xg: torch.Tensor, wg: torch.Tensor) -> torch.Tensor:
-    k = xg.shape[1]
-    if k <= F64_K_CHUNK:
-        return (xg @ wg.T).to(torch.int64)
-    acc = torch.zeros((xg.shape[0], wg.shape[0]), dtype=torch.int64, device=xg.device)
-    for start in range(0, k, F64_K_CHUNK):
-        stop = min(start + F64_K_CHUNK, k)
-        acc += (xg[:, start:stop] @ wg[:, start:stop].T).to(torch.int64)
-    return acc
+    """Exact int64 ``X @ Wt.T`` for float64 grids (|X| <= 2**27, |Wt| <= 2**20, K <= 2**16).
+
+    ``Xh = RNE(X / 2**14)`` and ``Xl = X - 2**14 Xh`` are exact integers of magnitude <= 2**13
+    (+1), so each float64 GEMM below sums products below 2**34: exact for K <= 2**18.
+    """
+    xh = torch.round(xg * 2.0**-HALF_BITS)
+    xl = xg - xh * 2.0**HALF_BITS
+    m = xg.shape[0]
+    both = (torch.cat((xh, xl)) @ wg.T).to(torch.int64)
+    return (both[:m] << HALF_BITS) + both[m:]
 
 
 def partial_sum(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
@@ -106,7 +98,7 @@ def partial_sum(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: tor
     """Exact int64 ``C = X @ Wt.T`` for x [M, K], weight [N, K] on the grids ``ex`` [M], ``ew`` [N].
 
     ``path`` forces ``"f64"`` or ``"digits"`` (default: by device). The caller guarantees
-    ``ex``/``ew`` are at least each row's own exponent (so ``|X|, |Wt| <= 2**20``).
+    ``ex``/``ew`` are at least each row's own exponent (so ``|X| <= 2**27``, ``|Wt| <= 2**20``).
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -116,41 +108,34 @@ def partial_sum(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: tor
     rows = max(1, BLOCK_ELEMENTS // k)
     out = []
     if path == "f64":
-        wg = _grid_f64(weight, ew)
+        wg = _grid_f64(weight, ew, W_BITS)
         for start in range(0, m, rows):
             stop = min(start + rows, m)
-            out.append(_product_f64(_grid_f64(x[start:stop], ex[start:stop]), wg))
+            out.append(_product_f64(_grid_f64(x[start:stop], ex[start:stop], X_BITS), wg))
     elif path == "digits":
-        wd = _digits_f32(weight, ew)
+        wd = _digits_f32(weight, ew, W_BITS, W_DIGITS)
         for start in range(0, m, rows):
             stop = min(start + rows, m)
-            out.append(int_product(_digits_f32(x[start:stop], ex[start:stop]), wd))
+            out.append(int_product(_digits_f32(x[start:stop], ex[start:stop], X_BITS, X_DIGITS), wd))
     else:
         raise ValueError(f"linear: unknown product path {path!r}; expected 'f64' or 'digits'")
     return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
 
-def _ldexp(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """P2 ``ldexp_c(y, k)`` for integer-valued fp32 y (|y| < 2**63) and any int64 k.
-
-    ``scale_pow2`` builds its two factors from exponent bits, valid for k in [-252, 254]. Outside
-    that range the result is already decided: for k < -252, ``|y 2**k| < 2**-189`` rounds to
-    +-0 (the sign of y) exactly as at k = -252; for k > 254 any nonzero integer y overflows to
-    +-inf exactly as at k = 254. So clamping k keeps the bits of the definition.
-    """
-    return scale_pow2(y, k.clamp(min=-252, max=254))
-
-
 def finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,
            out_dtype: torch.dtype) -> torch.Tensor:
-    """``cast(RN32(ldexp_c(RN32(acc), ex + ew - 40) + bias))``, NaN where ex or ew is SENTINEL."""
+    """``RN_out(acc * 2**(ex + ew - 47))`` in one rounding; with a bias ``RN_out(RN32(RN32(...) + bias))``;
+    NaN where ex or ew is SENTINEL."""
     bad_x, bad_w = ex == SENTINEL, ew == SENTINEL
     ex0 = torch.where(bad_x, torch.zeros_like(ex), ex)
     ew0 = torch.where(bad_w, torch.zeros_like(ew), ew)
-    y = _ldexp(int64_to_f32(acc), ex0.unsqueeze(1) + ew0.unsqueeze(0) - 2 * GRID)
-    y = torch.where(bad_x.unsqueeze(1) | bad_w.unsqueeze(0), torch.full_like(y, float("nan")), y)
-    if bias is not None:
-        y = y + bias.to(torch.float32)  # one IEEE fp32 addition
+    k = ex0.unsqueeze(1) + ew0.unsqueeze(0) - X_BITS - W_BITS
+    bad = bad_x.unsqueeze(1) | bad_w.unsqueeze(0)
+    if bias is None:
+        y = int64_to_float(acc, k, out_dtype)
+        return cast_out(torch.where(bad, torch.full_like(y, float("nan")), y), out_dtype)
+    y = int64_to_float(acc, k, torch.float32)
+    y = torch.where(bad, torch.full_like(y, float("nan")), y) + bias.to(torch.float32)  # one IEEE fp32 addition
     return cast_out(y, out_dtype)
 
 

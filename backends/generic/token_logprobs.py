@@ -19,12 +19,12 @@ either the digit-GEMM products of a [tc, vc] block or the exp/grid terms of a [t
 So the extra memory beyond the inputs and the output stays below
 ``LOGITS_BYTES + 3 * WORK_BYTES`` = 240 MiB, whatever T and V are.
 
-Digits: the 21-bit grid value ``RNE(x * 2**(20 - e))`` (P5) and its three balanced base-128
-digits are computed in fp32 alone: the power-of-two scaling is exact (two normal factors), and
-``(t + 1.5 * 2**23) - 1.5 * 2**23`` rounds any |t| <= 2**22 to the nearest integer, ties to
-even. Each digit lies in [-64, 64], so every K-chunk of 4096 keeps the digit GEMM's partial sums
-integers below 2**24 (exact on any fp32, tf32, bf16 or fp16 matrix unit); the nine products
-are combined exactly in int64.
+Digits (the logits are contract ``linear`` v2's product): hidden rows on the 28-bit grid
+``RNE(h * 2**(27 - e))`` in four balanced base-128 digits, weight rows on the 21-bit grid in
+three, all made in fp32 alone (:func:`~rlkernel.backends.generic._exact.digits.digit_planes`).
+Each digit lies in [-64, 64], so every K-chunk of 4096 keeps the digit GEMM's partial sums
+integers below 2**24 (exact on any fp32, tf32, bf16 or fp16 matrix unit); the twelve products
+are combined exactly in int64, and ``C * 2**(eh + ew - 47)`` is rounded once to fp32.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from collections.abc import Iterator
 
 import torch
 
-from rlkernel.backends.generic._exact.digits import GRID, int_product, row_exponents
+from rlkernel.backends.generic._exact.digits import digit_planes, int_product, row_exponents
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, nan_max, pow2_f32, scale_pow2
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, int64_to_float, nan_max, scale_pow2
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
 
 #: Bytes of the fp32 logits block one token chunk keeps (``token_logprobs`` only).
@@ -44,13 +44,11 @@ LOGITS_BYTES = 96 << 20
 WORK_BYTES = 48 << 20
 #: Bytes per element of a vocabulary chunk's digit planes and their fp32 temporaries.
 _W_BYTES = 32
-#: 1.5 * 2**23: ``(t + _ROUNDER) - _ROUNDER`` is t rounded to an integer, ties to even (|t| <= 2**22).
-_ROUNDER = 12582912.0
+#: grid magnitude bits and base-128 digits of hidden rows (28-bit grid) and weight rows (21-bit)
+H_BITS, H_DIGITS = 27, 4
+W_BITS, W_DIGITS = 20, 3
 #: Bytes per logit of the exp_c / grid temporaries (a dozen fp32/int32 and a few int64 arrays).
 _E_BYTES = 128
-#: ldexp_c scale floor: for k <= -252 every |int_to_fp32(C)| <= 2**62 scales to +-0, exactly as
-#: at k = -252, and the two power-of-two factors stay normal (scale_pow2 builds them from bits).
-_K_FLOOR = -252
 
 
 def _plan(t: int, v: int, h: int, keep_logits: bool) -> tuple[int, int, int]:
@@ -63,43 +61,21 @@ def _plan(t: int, v: int, h: int, keep_logits: bool) -> tuple[int, int, int]:
     return tc, vc, vs
 
 
-def _rne(t: torch.Tensor, rounder: torch.Tensor) -> torch.Tensor:
-    """Round fp32 ``t`` (|t| <= 2**22) to an integer, ties to even: two IEEE additions."""
-    return (t + rounder) - rounder
-
-
-def _digits(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row exponents, fp32 digit planes [3, rows, H] and the non-finite-row mask of bf16/fp16 rows.
-
-    ``g = RNE(x * 2**(20 - e))`` (the P5 grid, |g| <= 2**20), then ``g = d0 + 128 d1 + 16384 d2``
-    with ``q1 = RNE(g / 128)``, ``d0 = g - 128 q1``, ``d2 = RNE(q1 / 128)``, ``d1 = q1 - 128 d2``:
-    every step exact in fp32, every digit in [-64, 64].
-    """
+def _digits(x: torch.Tensor, bits: int, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row exponents, fp32 digit planes [count, rows, H] of the ``bits``-bit row grids, and the
+    non-finite-row mask of bf16/fp16 rows."""
     e = row_exponents(x)
-    dev = x.device
-    rounder = torch.tensor(_ROUNDER, dtype=torch.float32, device=dev)
-    base = torch.tensor(128.0, dtype=torch.float32, device=dev)
-    inv_base = torch.tensor(2.0**-7, dtype=torch.float32, device=dev)
-    xf = torch.where(torch.isfinite(x), x, 0.0).to(torch.float32)
-    k = GRID - e  # in [-108, 152]: both halves are normal fp32 powers of two
-    a = torch.div(k, 2, rounding_mode="floor")
-    g = _rne((xf * pow2_f32(a).unsqueeze(-1)) * pow2_f32(k - a).unsqueeze(-1), rounder)
-    q1 = _rne(g * inv_base, rounder)
-    d0 = g - q1 * base
-    d2 = _rne(q1 * inv_base, rounder)
-    d1 = q1 - d2 * base
-    return e, torch.stack((d0, d1, d2)), (~torch.isfinite(x)).any(dim=-1)
+    return e, digit_planes(x, e, bits, count), (~torch.isfinite(x)).any(dim=-1)
 
 
 def _logit_blocks(xe: torch.Tensor, xd: torch.Tensor, xbad: torch.Tensor, weight: torch.Tensor, vc: int,
                   tau: torch.Tensor | None) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """``(v0, v1, z[:, v0:v1])`` for one token chunk: the P5 logits, divided by ``tau``."""
+    """``(v0, v1, z[:, v0:v1])`` for one token chunk: the linear-v2 logits, divided by ``tau``."""
     for v0 in range(0, weight.shape[0], vc):
         v1 = min(v0 + vc, weight.shape[0])
-        we, wd, wbad = _digits(weight[v0:v1])
+        we, wd, wbad = _digits(weight[v0:v1], W_BITS, W_DIGITS)
         c = int_product(xd, wd)
-        k = (xe.unsqueeze(1) + we.unsqueeze(0) - 2 * GRID).clamp(min=_K_FLOOR)
-        z = scale_pow2(int64_to_f32(c), k)
+        z = int64_to_float(c, xe.unsqueeze(1) + we.unsqueeze(0) - H_BITS - W_BITS, torch.float32)
         z = torch.where(xbad.unsqueeze(1) | wbad.unsqueeze(0), float("nan"), z)
         if tau is not None:
             z = z / tau  # one IEEE division of two fp32 tensors
@@ -146,7 +122,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     tc, vc, vs = _plan(t, v, h, keep_logits=True)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
-        xe, xd, xbad = _digits(hidden[t0:t1])
+        xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
         z = torch.empty((t1 - t0, v), dtype=torch.float32, device=hidden.device)
         for v0, v1, block in _logit_blocks(xe, xd, xbad, weight, vc, tau):
             z[:, v0:v1] = block
@@ -193,7 +169,7 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
         out = torch.empty(t, dtype=torch.float32, device=dev)
         for t0 in range(0, t, tc):
             t1 = min(t0 + tc, t)
-            xe, xd, xbad = _digits(hidden[t0:t1])
+            xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
             m = None
             for _, _, block in _logit_blocks(xe, xd, xbad, weight_shard, vc, tau):
                 bm = nan_max(block, dim=-1)
@@ -208,7 +184,7 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
     bad = torch.zeros((), dtype=torch.bool, device=dev)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
-        xe, xd, xbad = _digits(hidden[t0:t1])
+        xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
         finite, m = finite_all[t0:t1], m_all[t0:t1]
         local = local_all[t0:t1]
         s = torch.zeros(t1 - t0, dtype=torch.int64, device=dev)

@@ -1,7 +1,8 @@
 """Reference digit matmul (docs/numerics.md P5, DESIGN R4).
 
-``C = X @ W.T`` exactly, for integer matrices on a 21-bit signed grid. The reference splits
-each operand into two base-1024 halves and runs four float64 GEMMs; every partial sum is an
+``C = X @ W.T`` exactly, for integer matrices on signed row grids (21 bits in P5 v1; 28-bit
+activation rows and 21-bit weight rows in linear v2). The reference splits each operand into
+two base-2**14 halves and runs four float64 GEMMs over K-chunks that keep every partial sum an
 integer below 2**53, so BLAS order cannot matter. (Backends use other digit splits; the
 integer C is the contract, not how it is formed.)
 """
@@ -26,24 +27,33 @@ def row_exponent(x: torch.Tensor) -> torch.Tensor:
     return expo(finite.abs().amax(dim=-1))
 
 
-def to_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``RNE(x * 2**(20 - e))`` per row as int64 (non-finite entries -> 0)."""
+def to_grid(x: torch.Tensor, e: torch.Tensor, bits: int = GRID_BITS) -> torch.Tensor:
+    """``RNE(x * 2**(bits - e))`` per row as int64 (non-finite entries -> 0), so ``|X| <= 2**bits``."""
     finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x)).to(torch.float64)
-    return torch.round(finite * pow2(GRID_BITS - e).unsqueeze(-1)).to(torch.int64)
+    return torch.round(finite * pow2(bits - e).unsqueeze(-1)).to(torch.int64)
+
+
+#: K-chunk of the float64 GEMMs: halves below 2**14 give products below 2**28, and 2**24 of
+#: them sum below 2**52 (exact in float64).
+_F64_K_CHUNK = 1 << 24
 
 
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact ``a @ b.T`` for int64 matrices with entries in [-2**20, 2**20] and K <= 2**22."""
-    half = 1 << 10
+    """Exact ``a @ b.T`` for int64 matrices with entries in [-2**27, 2**27] and ``|C| < 2**63``."""
+    half = 1 << 14
     a_lo = torch.remainder(a, half)
-    a_hi = (a - a_lo) >> 10
+    a_hi = (a - a_lo) >> 14
     b_lo = torch.remainder(b, half)
-    b_hi = (b - b_lo) >> 10
+    b_hi = (b - b_lo) >> 14
 
     def mm(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return (u.to(torch.float64) @ v.to(torch.float64).T).to(torch.int64)
+        total = torch.zeros((u.shape[0], v.shape[0]), dtype=torch.int64)
+        for k0 in range(0, u.shape[1], _F64_K_CHUNK):
+            uc, vc = u[:, k0:k0 + _F64_K_CHUNK], v[:, k0:k0 + _F64_K_CHUNK]
+            total += (uc.to(torch.float64) @ vc.to(torch.float64).T).to(torch.int64)
+        return total
 
-    return (mm(a_hi, b_hi) << 20) + ((mm(a_hi, b_lo) + mm(a_lo, b_hi)) << 10) + mm(a_lo, b_lo)
+    return (mm(a_hi, b_hi) << 28) + ((mm(a_hi, b_lo) + mm(a_lo, b_hi)) << 14) + mm(a_lo, b_lo)
 
 
 def nonfinite_rows(x: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,46 @@ def int_to_fp32(s: torch.Tensor) -> torch.Tensor:
     return torch.where(s < 0, -mag, mag)
 
 
+#: Output formats of :func:`int_to_float`: significand bits (with the implicit one) and the
+#: exponent of the smallest subnormal (its quantum).
+FORMATS = {torch.float32: (24, -149), torch.bfloat16: (8, -133), torch.float16: (11, -24)}
+
+
+def int_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """P3': ``RN_dtype(s * 2**k)`` for an int64 ``s`` and an integer ``k``, in one rounding.
+
+    The exact value ``s * 2**k`` is rounded once, half to even, to ``dtype`` (float32,
+    bfloat16 or float16): to the format's significand bits, or to its smallest subnormal's
+    quantum where the value is below the normal range; a rounded magnitude beyond the largest
+    finite value is +-inf; a zero ``s`` gives +0. Going through fp32 first (P3 then a cast, or
+    P3 then P2) rounds twice and is wrong on halfway values.
+
+    Parameters
+    ----------
+    s : Tensor, int64, any shape, ``|s| < 2**63``
+    k : Tensor, int64, broadcastable to ``s``, ``|k| <= 512``
+    dtype : torch.dtype
+
+    Returns
+    -------
+    Tensor, ``dtype``, the broadcast shape
+    """
+    bits, quantum = FORMATS[dtype]
+    s, k = torch.broadcast_tensors(s.to(torch.int64), k.to(torch.int64))
+    a = s.abs()
+    _, e = torch.frexp(a.to(torch.float64))  # bit length of a, or one more where the float64 rounded up
+    n = e.to(torch.int64)
+    n = torch.where((n > 0) & ((a >> (n - 1).clamp(min=0)) == 0), n - 1, n)
+    r = torch.maximum(n - bits, quantum - k).clamp(min=0, max=63)  # bits to drop
+    q = a >> r
+    rem = a - (q << r)
+    half = torch.where(r > 0, torch.ones_like(r) << (r - 1).clamp(min=0), torch.zeros_like(r))
+    up = (r > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    q = q + up.to(torch.int64)
+    mag = (q.to(torch.float64) * pow2(r + k)).to(dtype)  # exact: representable, or beyond the range -> inf
+    return torch.where(s < 0, -mag, mag)
+
+
 def canonicalize(t: torch.Tensor) -> torch.Tensor:
     """P8: replace every NaN by the canonical NaN of ``t``'s dtype (no-op for integers)."""
     if not t.is_floating_point():

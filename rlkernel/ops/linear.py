@@ -1,4 +1,4 @@
-"""Public ``linear`` and its tensor-parallel sub-ops (contract ``linear`` v1).
+"""Public ``linear`` and its tensor-parallel sub-ops (contract ``linear`` v2).
 
 ``linear(x, weight, bias=None, out_dtype=None)`` is ``torch.nn.functional.linear`` computed by
 the exact digit matmul: the same inputs give the same output bits on every backend, for every
@@ -18,7 +18,8 @@ from rlkernel import dispatch
 __all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
 
 #: Largest reduction length: |C| <= K * 2**40 < 2**63.
-MAX_K = 1 << 22
+#: Largest K: |C| <= K * 2**47 < 2**63 (x rows on 28 bits, weight rows on 21 bits).
+MAX_K = (1 << 16) - 1
 #: Row exponent of a row holding NaN or +-inf (see :func:`linear_exponents`).
 SENTINEL = 1 << 20
 #: Exponent :func:`linear_exponents` gives an all-zero row (or an empty K-slice): below every
@@ -49,7 +50,7 @@ def _check_operands(op: str, x: object, weight: object) -> tuple[torch.Tensor, t
         which = "x" if x.dtype == torch.float32 else "weight"
         raise TypeError(
             f"{op}: {which} has dtype float32; expected bfloat16 or float16. The exact digit matmul puts every "
-            f"row on a 21-bit integer grid, which would round fp32 inputs (24-bit significands) before the "
+            f"row on a 28- or 21-bit integer grid, which would round fp32 inputs (24-bit significands) before the "
             f"product, so the result would not be the product of the values you passed. Cast x and weight to "
             f"bfloat16 (x.to(torch.bfloat16)) or float16 first, or use torch.nn.functional.linear if you do not "
             f"need reproducible bits"
@@ -65,9 +66,9 @@ def _check_operands(op: str, x: object, weight: object) -> tuple[torch.Tensor, t
                          f"(K = {x.shape[-1]}) must equal weight.shape[1] (K = {weight.shape[1]}). weight is [N, K] "
                          f"as in torch.nn.functional.linear (y = x @ weight.T)")
     if x.shape[-1] > MAX_K:
-        raise ValueError(f"{op}: K = {x.shape[-1]} exceeds the exact-sum bound 2**22 = {MAX_K} of the digit matmul "
-                         f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards "
-                         f"(rlkernel.distributed.row_parallel_linear)")
+        raise ValueError(f"{op}: K = {x.shape[-1]} exceeds the exact-sum bound 2**16 - 1 = {MAX_K} of the digit "
+                         f"matmul (|C| <= K * 2**47 < 2**63); a reduction this long needs a wider accumulator "
+                         f"than int64 (row-parallel shards do not help: their partials add up to the same C)")
     return x, weight
 
 
@@ -137,21 +138,21 @@ class LinearFunction(torch.autograd.Function):
 def _backward_bound(what: str, axis: str, size: int) -> None:
     if size > MAX_K:
         raise ValueError(f"linear backward: {what} reduces over {axis} = {size}, above the exact-sum bound "
-                         f"2**22 = {MAX_K}; use smaller micro-batches")
+                         f"2**16 - 1 = {MAX_K}; use smaller micro-batches")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Exact, reproducible ``y = x @ weight.T + bias`` (contract ``linear`` v1).
+    """Exact, reproducible ``y = x @ weight.T + bias`` (contract ``linear`` v2).
 
-    ``y_ij = cast(RN32(ldexp_c(RN32(sum_k X_ik Wt_jk), ex_i + ew_j - 40) + bias_j))``
+    ``y_ij = RN_out(sum_k X_ik Wt_jk * 2**(ex_i + ew_j - 47))`` (with a bias: ``RN_out(RN32(RN32(...) + bias_j))``)
 
     Parameters
     ----------
     x : Tensor, bfloat16 or float16, [*, K]
         Activations; leading axes are flattened into rows M (M = 0 is allowed). Any layout.
     weight : Tensor, same dtype as x, [N, K]
-        As in :func:`torch.nn.functional.linear`. K <= 2**22.
+        As in :func:`torch.nn.functional.linear`. K <= 2**16 - 1.
     bias : Tensor, x.dtype or float32, [N], optional
     out_dtype : torch.dtype, optional
         ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``; default ``x.dtype``.
@@ -163,19 +164,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Raises
     ------
     TypeError
-        float32 (or other) x/weight: the 21-bit grid would round fp32 inputs — cast to bf16/fp16.
+        float32 (or other) x/weight: the integer grids would round fp32 inputs — cast to bf16/fp16.
     ValueError
-        Shape mismatch, K > 2**22, bias not [N].
+        Shape mismatch, K > 2**16 - 1, bias not [N].
 
     Bitwise semantics
     -----------------
-    docs/numerics.md P5: each row of x and of weight is placed on its own 21-bit signed grid
-    relative to its max exponent (``X_ik = RNE(x_ik 2**(20 - ex_i))``), the integer product
-    ``C = X @ Wt.T`` is exact (int64), rounded once to fp32 (P3) and scaled by
-    ``2**(ex_i + ew_j - 40)`` (P2); then one fp32 addition of the bias, and a round-to-nearest-even
-    cast to ``out_dtype`` with canonical NaN. A row of x or of weight holding NaN/inf makes
-    exactly its output row/column NaN. K = 0 gives +0 (+ bias). Accuracy: relative error about
-    1e-6 of the exact product, like fp32 accumulation (docs/accuracy/linear.md).
+    docs/numerics.md P5: each row of x is placed on its own 28-bit signed grid relative to its
+    max exponent (``X_ik = RNE(x_ik 2**(27 - ex_i))``) and each row of weight on a 21-bit one
+    (``Wt_jk = RNE(w_jk 2**(20 - ew_j))``); the integer product ``C = X @ Wt.T`` is exact
+    (int64) and ``C * 2**(ex_i + ew_j - 47)`` is rounded once, to nearest even, straight to
+    ``out_dtype`` (P3'); with a bias, rounded to fp32, one fp32 addition of the bias, then the
+    cast. Canonical NaN. A row of x or of weight holding NaN/inf makes exactly its output
+    row/column NaN. K = 0 gives +0 (+ bias). Accuracy against float64 next to torch's GEMM, with
+    and without outlier channels: docs/accuracy/ (``rlkernel accuracy --op linear``).
 
     Invariances: batch (a row's bits do not depend on the other rows), permutation of rows,
     reduction order (permuting K of x and weight together), tensor-parallel degree (row- and
@@ -183,11 +185,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Backward (deterministic and portable): ``dY`` is rounded to ``x.dtype`` (RNE) as ``dYr``;
     ``dX = dYr @ weight``, ``dW = dYr.T @ x`` and ``dbias = dYr.T @ 1`` are each computed by this
-    same exact digit matmul (reductions over N, M and M: each at most 2**22) and cast to the
+    same exact digit matmul (reductions over N, M and M: each at most 2**16 - 1) and cast to the
     dtype of x, weight and bias. The bits depend only on the values, not on the backend or on
     row order; gradients of separately computed micro-batches are rounded separately.
 
-    Contract: ``linear``, version 1.
+    Contract: ``linear``, version 2.
     """
     op = "linear"
     x, weight = _check_operands(op, x, weight)
@@ -230,7 +232,7 @@ def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tenso
     the sentinel. (In :func:`linear` a zero row's exponent affects no bit: its products are 0.)
     Exponents are integers: any MAX order gives the same result.
 
-    Contract: ``linear`` (sub-op ``linear_exponents``), version 1.
+    Contract: ``linear`` (sub-op ``linear_exponents``), version 2.
     """
     op = "linear_exponents"
     x, weight = _check_operands(op, x, weight)
@@ -261,15 +263,15 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: 
     ------
     ValueError
         An exponent outside [-148, 128] and not the sentinel, or below its row's own exponent
-        (the grid would exceed 21 bits), or K_shard > 2**22.
+        (the grid would exceed 28 / 21 bits), or K_shard > 2**16 - 1.
 
     Bitwise semantics
     -----------------
-    Exact integers (|C| <= K_shard 2**40). Rows whose exponent is the sentinel contribute 0
+    Exact integers (|C| <= K_shard 2**47). Rows whose exponent is the sentinel contribute 0
     (the NaN is applied by :func:`linear_finish`). Summing the partials of every shard in
     int64 (in any order) gives the ``C`` of ``linear`` on the whole K.
 
-    Contract: ``linear`` (sub-op ``linear_partial``), version 1.
+    Contract: ``linear`` (sub-op ``linear_partial``), version 2.
     """
     op = "linear_partial"
     x, weight = _check_operands(op, x, weight)
@@ -284,7 +286,7 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: 
         if given.numel() and bool(low.any()):
             i = int(low.nonzero()[0, 0])
             raise ValueError(f"{op}: {name}[{i}] = {int(given[i])} is below that row's own exponent {int(own[i])} "
-                             f"on this shard, so its grid would exceed 21 bits; pass the all-reduce MAX of "
+                             f"on this shard, so its grid would exceed 28 / 21 bits; pass the all-reduce MAX of "
                              f"linear_exponents over every shard")
     acc = dispatch.call(op, device, x=x2, weight=weight, ex=ex2, ew=ew)
     return acc.reshape(*lead, n)
@@ -294,7 +296,7 @@ def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: t
                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Round the all-reduced int64 sums of row-parallel ``linear`` to the output.
 
-    ``y_ij = cast(RN32(ldexp_c(RN32(acc_ij), ex_i + ew_j - 40) + bias_j))``
+    ``y_ij = RN_out(acc_ij * 2**(ex_i + ew_j - 47))`` (with a bias: ``RN_out(RN32(RN32(...) + bias_j))``)
 
     Parameters
     ----------
@@ -313,11 +315,12 @@ def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: t
 
     Bitwise semantics
     -----------------
-    P3 (one rounding of the int64 to fp32), P2 scaling, NaN where ``ex_i`` or ``ew_j`` is the
-    sentinel ``2**20``, one fp32 bias addition, RNE cast, canonical NaN: the last steps of
-    :func:`linear`, so ``finish(sum of partials)`` has the bits of ``linear`` on the whole K.
+    P3' (one rounding of ``acc * 2**(ex + ew - 47)`` to ``out_dtype``; with a bias, to fp32, one
+    fp32 bias addition, then the cast), NaN where ``ex_i`` or ``ew_j`` is the sentinel ``2**20``,
+    canonical NaN: the last steps of :func:`linear`, so ``finish(sum of partials)`` has the bits
+    of ``linear`` on the whole K.
 
-    Contract: ``linear`` (sub-op ``linear_finish``), version 1.
+    Contract: ``linear`` (sub-op ``linear_finish``), version 2.
     """
     op = "linear_finish"
     acc = v.tensor(op, "acc", acc)

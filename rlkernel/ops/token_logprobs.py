@@ -1,5 +1,5 @@
 """``rlkernel.ops.token_logprobs``: bitwise-reproducible token log-probabilities under the LM head
-(contract ``token_logprobs`` v1), and its vocabulary-sharded (tensor-parallel) form."""
+(contract ``token_logprobs`` v2), and its vocabulary-sharded (tensor-parallel) form."""
 
 from __future__ import annotations
 
@@ -15,20 +15,21 @@ from rlkernel import dispatch
 #: Largest vocabulary (all shards together): V * 2**40 < 2**63 (exact probability sum, F = 40).
 MAX_VOCAB = 1 << 22
 #: Largest hidden size of the digit matmul: K * 2**40 < 2**63.
-MAX_HIDDEN = 1 << 22
+MAX_HIDDEN = (1 << 16) - 1
 
 _SEMANTICS = """
     Bitwise semantics
     -----------------
-    ``z = digit_matmul(hidden, W) ÷ fp32(temperature)`` (P5 logits: 21-bit row grids, exact
-    int64 dot products, one rounding; then one IEEE fp32 division); ``m = max_j z_j`` (R5);
+    ``z = linear(hidden, W, out_dtype=float32) ÷ fp32(temperature)`` (contract ``linear`` v2
+    logits: hidden rows on 28-bit grids, head rows on 21-bit grids, exact int64 dot products,
+    one rounding to fp32; then one IEEE fp32 division); ``m = max_j z_j`` (R5);
     ``L = ldexp_c(int_to_fp32(sum_j RNE(exp_c(z_j - m) * 2**40)), -40)`` (absolute grid E = 0,
     F = 40: an exact integer sum, so the vocabulary may be tiled, split or sharded freely);
     ``out = (z_target - m) - log_c(L)``, NaN-canonical. ``out`` is NaN exactly where ``m`` is
     not finite (a non-finite value in the hidden row or in any weight row, or logits that
     overflow to +inf, e.g. with a tiny temperature); otherwise it is finite or -inf.
     Invariances: batch, chunking, prefill_decode, permutation, reduction_order (vocabulary and
-    hidden axes), tp_degree, repeat. Contract ``token_logprobs`` v1
+    hidden axes), tp_degree, repeat. Contract ``token_logprobs`` v2
     (``rlkernel.contracts.token_logprobs``)."""
 
 
@@ -62,7 +63,8 @@ def _operands(op: str, hidden: object, weight: object, targets: object, weight_n
         raise ValueError(f"{op}: hidden has shape {tuple(hidden.shape)} and {weight_name} {tuple(weight.shape)}; "
                          f"expected [T, H] and [V, H] with the same H >= 1")
     if h > MAX_HIDDEN:
-        raise ValueError(f"{op}: hidden size H = {h} exceeds the exact digit-matmul bound {MAX_HIDDEN} (2**22)")
+        raise ValueError(f"{op}: hidden size H = {h} exceeds the exact digit-matmul bound {MAX_HIDDEN} (2**16 - 1: "
+                         f"28-bit hidden rows times 21-bit head rows must sum below 2**63 in int64)")
     if targets.shape[0] != hidden.shape[0]:
         raise ValueError(f"{op}: targets has shape {tuple(targets.shape)} but hidden has {hidden.shape[0]} rows; "
                          f"expected one target per row")
@@ -214,7 +216,7 @@ def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torc
     Bitwise semantics
     -----------------
     One P3 rounding of the integer total, ``ldexp_c`` by -40, ``log_c``, one fp32 subtraction,
-    NaN-canonical. Contract ``token_logprobs`` v1.
+    NaN-canonical. Contract ``token_logprobs`` v2.
     """
     op = "token_logprobs_finish"
     v.tensor(op, "sum_int", sum_int)

@@ -1,15 +1,16 @@
-"""Device-generic digit matmul (R4): three balanced base-128 digits per operand.
+"""Device-generic digit matmul (R4): balanced base-128 digits per operand.
 
 Each digit is in [-64, 64], so a digit GEMM on any matrix unit (fp32, tf32, bf16, fp16 or int8
 with int32 accumulation) is exact as long as a K-chunk keeps every partial sum below 2**24:
-chunks of 4096. The nine digit products are combined exactly in int64.
+chunks of 4096. The digit products (3 x 3 for 21-bit operands, 4 x 3 for a 28-bit activation
+row against a 21-bit weight row) are combined exactly in int64.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .fp32 import exponent, int64_to_f32, scale_pow2
+from .fp32 import exponent, int64_to_f32, pow2_f32, scale_pow2
 
 GRID = 20
 K_CHUNK = 4096
@@ -32,26 +33,55 @@ def grid_rows(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return to_fixed(finite, e.unsqueeze(-1), GRID)
 
 
-def split_digits(v: torch.Tensor) -> torch.Tensor:
-    """int64 [..., K] with |v| <= 2**20 -> fp32 [3, ..., K] balanced base-128 digits."""
-    d0 = ((v + 64) & 127) - 64
-    v1 = (v - d0) >> 7
-    d1 = ((v1 + 64) & 127) - 64
-    d2 = (v1 - d1) >> 7
-    return torch.stack((d0, d1, d2)).to(torch.float32)
+def split_digits(v: torch.Tensor, count: int = 3) -> torch.Tensor:
+    """int64 [..., K] with |v| <= 2**(7 * count - 1) -> fp32 [count, ..., K] balanced base-128 digits
+    (each in [-64, 63] but the top one, in [-64, 64])."""
+    digits = []
+    for _ in range(count - 1):
+        d = ((v + 64) & 127) - 64
+        digits.append(d)
+        v = (v - d) >> 7
+    digits.append(v)
+    return torch.stack(digits).to(torch.float32)
+
+
+def digit_planes(t: torch.Tensor, e: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """fp32 [count, R, K]: balanced base-128 digits (each in [-64, 64]) of ``g = RNE(t * 2**(bits - e))``.
+
+    ``t`` [R, K] bf16/fp16 (non-finite entries read as 0), ``e`` [R] int64 with ``bits - e`` in
+    [-252, 254] (callers zero the rows they do not want). Every step is exact in fp32:
+    ``t * 2**a * 2**b`` (a + b = bits - e, both factors normal powers of two) is exact whenever
+    the scaled value can round to a nonzero grid integer (a bf16/fp16 value has at most 11
+    significant bits and the intermediate is then normal); values that underflow in a step are
+    below 2**-41 and round to 0 either way. ``g`` has at most 11 significant bits, so it is an
+    exact fp32 even at 2**27. Then, from the low digit up, ``q = RNE(g / 128)``, ``d = g - 128 q``,
+    ``g = q`` (scalings by 2**-7 are exact multiplications); the last quotient is the top digit.
+    """
+    s = bits - e
+    a = torch.div(s, 2, rounding_mode="floor")
+    tf = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float32)
+    g = torch.round((tf * pow2_f32(a).unsqueeze(-1)) * pow2_f32(s - a).unsqueeze(-1))
+    digits = []
+    for _ in range(count - 1):
+        q = torch.round(g * 2.0**-7)
+        digits.append(g - q * 128.0)
+        g = q
+    digits.append(g)
+    return torch.stack(digits)
 
 
 def int_product(xd: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-    """Exact int64 ``X @ W.T`` from digit planes xd [3, M, K], wd [3, N, K]."""
-    m, n, k = xd.shape[1], wd.shape[1], xd.shape[2]
+    """Exact int64 ``X @ W.T`` from digit planes xd [A, M, K], wd [B, N, K]."""
+    na, m, k = xd.shape
+    nb, n = wd.shape[0], wd.shape[1]
     acc = torch.zeros((m, n), dtype=torch.int64, device=xd.device)
-    w_all = wd.reshape(3 * n, k)
+    w_all = wd.reshape(nb * n, k)
     for start in range(0, k, K_CHUNK):
         stop = min(start + K_CHUNK, k)
         w_chunk = w_all[:, start:stop]
-        for a in range(3):
-            part = (xd[a, :, start:stop] @ w_chunk.T).to(torch.int64).reshape(m, 3, n)
-            for b in range(3):
+        for a in range(na):
+            part = (xd[a, :, start:stop] @ w_chunk.T).to(torch.int64).reshape(m, nb, n)
+            for b in range(nb):
                 acc += part[:, b, :] << (7 * (a + b))
     return acc
 

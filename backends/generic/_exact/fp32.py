@@ -68,6 +68,30 @@ def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
     return torch.where(s < 0, -out, out)
 
 
+#: significand bits and log2 of the smallest subnormal of each output format
+_FORMATS = {torch.float32: (24, -149), torch.bfloat16: (8, -133), torch.float16: (11, -24)}
+
+
+def int64_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``s * 2**k`` rounded once (nearest, ties to even) to ``dtype``, in integer arithmetic.
+
+    The kept bits are the format's significand, or fewer where the value falls below the
+    format's normal range (the subnormal quantum); ``q * 2**(drop + k)`` is then a value of
+    ``dtype`` (or beyond its range: +-inf), built exactly in fp32 and converted exactly. Zero
+    gives +0. ``s``: int64 with ``|s| < 2**63``; ``k``: int64 broadcastable to ``s``.
+    """
+    bits, quantum = _FORMATS[dtype]
+    mag = s.abs()
+    drop = torch.maximum(bit_length(mag) - bits, quantum - k).clamp(min=0, max=63)
+    q = mag >> drop
+    rem = mag - (q << drop)
+    half = torch.where(drop > 0, torch.ones_like(drop) << (drop - 1).clamp(min=0), torch.zeros_like(drop))
+    up = (drop > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    q = q + up.to(torch.int64)  # q <= 2**bits: exact in fp32
+    out = scale_pow2(q.to(torch.float32), drop + k).to(dtype)
+    return torch.where(s < 0, -out, out)
+
+
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     """Replace NaNs by the dtype's canonical NaN (fp32 0x7FC00000, bf16 0x7FC0, fp16 0x7E00)."""
     if not t.is_floating_point():
