@@ -61,17 +61,12 @@ class Measurement:
     shape: Callable[[str], str] = field(default=lambda size: "")
 
 
-_LINEAR_V1 = ("contract linear v1 puts each activation row on one 21-bit grid: a few channels 100-3000x the "
-              "rest leave the ordinary channels ~10 bits (v2: activation rows on 28 bits)")
-_TLP_V1 = "contract token_logprobs v1 shares linear v1's 21-bit hidden-row grid (v2: 28 bits)"
 _ATTN_V1 = ("contract attention v1 puts p on the absolute 2**-20 grid: keys more than ~14.6 nats below a sink "
             "round to 0, and with a zero sink value the whole small-weight mixture is lost")
 
 #: (op, data set) -> why the rule is not met there (reported with the numbers). An entry whose
 #: data set meets the rule is stale and fails tests/test_accuracy.py.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    **{("linear", f"outliers_x{f}/{out}"): _LINEAR_V1 for f in (100, 1000, 3000) for out in ("fp32_out", "bf16_out")},
-    **{("token_logprobs", f"outliers_x{f}"): _TLP_V1 for f in (100, 1000, 3000)},
     **{("attention", name): _ATTN_V1 for name in ("sink_gap10/value_1e-3", "sink_gap10/value_0",
                                                    "sink_gap20/value_0", "sink_gap30/value_0")},
     ("log_softmax", "wide"): ("log_c is within 1 ulp, not correctly rounded: at log-probs near -70 the "
