@@ -144,6 +144,40 @@ def int64_to_f32(s):
     return tl.where(neg, -out, out)
 
 
+@triton.jit
+def int64_to_out(s, k, OUT: tl.constexpr):
+    """P3': ``s * 2**k`` (int64 s, |s| < 2**63; int32/int64 k) rounded once, nearest-even, to the
+    output format ``OUT`` (0 fp32, 1 bf16, 2 fp16), returned as the fp32 holding that value.
+
+    The kept bits are the format's significand (24 / 8 / 11), or fewer where the value is below
+    the format's normal range (quantum 2**-149 / 2**-133 / 2**-24); ``q * 2**(drop + k)`` is then a
+    value of the format, built exactly by ``ldexp_c`` (or +-inf beyond its range), so
+    ``cast_out`` converts it without a second rounding. Zero gives +0.
+    """
+    if OUT == 1:
+        bits = 8
+        qmin = -133
+    elif OUT == 2:
+        bits = 11
+        qmin = -24
+    else:
+        bits = 24
+        qmin = -149
+    s = s.to(tl.int64)
+    k = k.to(tl.int64)
+    neg = s < 0
+    mag = tl.where(neg, -s, s)
+    drop = tl.minimum(tl.maximum(tl.maximum(bit_length_i64(mag) - bits, qmin - k), 0), 63)
+    q = mag >> drop
+    rem = mag - (q << drop)
+    half = tl.where(drop > 0, tl.full(drop.shape, 1, tl.int64) << tl.maximum(drop - 1, 0), 0)
+    up = (drop > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    q = q + up.to(tl.int64)  # q <= 2**bits: exact in fp32
+    e = tl.minimum(tl.maximum(drop + k, -252), 254).to(tl.int32)  # q > 0 keeps drop + k >= -149
+    out = ldexp_c(q.to(tl.int32).to(tl.float32), e)
+    return tl.where(neg, -out, out)
+
+
 # --------------------------------------------------------------------------------------------
 # fixed-point grid (P4)
 # --------------------------------------------------------------------------------------------
@@ -264,6 +298,36 @@ def grid_int(x, e):
     r = v + magic
     return f32_bits(r) - 0x4B400000  # bits of 1.5 * 2**23
 
+
+
+@triton.jit
+def grid_int_bits(x, e, BITS: tl.constexpr):
+    """``RNE(x * 2**(BITS - e))`` as int32 for a bf16/fp16 value ``x`` (as fp32) on its row grid
+    (|x| < 2**e; non-finite -> 0), for grids of up to 28 signed bits (BITS <= 27).
+
+    The two power-of-two steps are exact; a scaled value below 2**22 is rounded half-to-even by
+    the 1.5 * 2**23 magic add, and one at or above 2**22 is already an integer (a bf16/fp16
+    value has at most 11 significant bits), converted exactly.
+    """
+    x = tl.where(is_finite(x), x, 0.0)
+    k = BITS - e
+    a = k >> 1
+    v = (x * pow2_f32(a)) * pow2_f32(k - a)
+    magic = 12582912.0  # 1.5 * 2**23
+    small = f32_bits(v + magic) - 0x4B400000
+    return tl.where(abs_bits(v) < 0x4A800000, small, v.to(tl.int32))  # 0x4A800000: 2**22
+
+
+@triton.jit
+def split4(v):
+    """int32 |v| <= 2**27 -> four balanced base-128 digits (d0..d2 in [-64, 63], d3 in [-64, 64]) as int8."""
+    d0 = ((v + 64) & 127) - 64
+    v1 = (v - d0) >> 7
+    d1 = ((v1 + 64) & 127) - 64
+    v2 = (v1 - d1) >> 7
+    d2 = ((v2 + 64) & 127) - 64
+    d3 = (v2 - d2) >> 7
+    return d0.to(tl.int8), d1.to(tl.int8), d2.to(tl.int8), d3.to(tl.int8)
 
 
 @triton.jit

@@ -1,17 +1,19 @@
-"""``linear`` on Triton: the exact digit GEMM on int8 tensor cores (contract ``linear`` v1, P5).
+"""``linear`` on Triton: the exact digit GEMM on int8 tensor cores (contract ``linear`` v2, P5).
 
 ``y = x @ weight.T (+ bias)`` with x [M, K], weight [N, K] (bf16/fp16):
 
 1. ``_linear_digits_kernel`` (one program per row, strided reads): the row exponent
-   ``expo(max |row|)`` (or the sentinel 2**20 for a row holding NaN/inf), then the 21-bit grid
-   ``RNE(row * 2**(20 - e))`` split into three balanced base-128 digits, written as int8 planes
-   ``[3, rows, K]``. Used for x (every path) and for the weight on the prefill path.
+   ``expo(max |row|)`` (or the sentinel 2**20 for a row holding NaN/inf), then the row's grid
+   (28-bit ``RNE(row * 2**(27 - e))`` for x, 21-bit ``RNE(row * 2**(20 - e))`` for the weight)
+   split into balanced base-128 digits (four for x, three for the weight), written as int8
+   planes ``[digits, rows, K]``. Used for x (every path) and for the weight on the prefill path.
 2. ``_linear_gemm_kernel``: a BLOCK_M x BLOCK_N tile of ``C = X @ Wt.T``. Per K step it loads the
-   three x digit tiles and three weight digit tiles and runs the nine ``tl.dot(int8, int8,
-   out_dtype=int32)`` products into five int32 level accumulators (level a+b; |level sum| <=
+   four x digit tiles and three weight digit tiles and runs the twelve ``tl.dot(int8, int8,
+   out_dtype=int32)`` products into six int32 level accumulators (level a+b; |level sum| <=
    3 * 64 * 64 per k, so int32 is exact for K chunks of 2**16), which are folded into one int64
-   accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue is P3 + P2 (+ bias, cast)
-   or, for ``linear_partial``, the int64 ``C`` itself.
+   accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue rounds ``C * 2**(ex + ew -
+   47)`` once to the output dtype (P3'; with a bias, to fp32, + bias, cast) or, for
+   ``linear_partial``, stores the int64 ``C`` itself.
    Decode path (M <= 64, ``W_DIGITS=False``): the weight's row exponents come from
    ``_linear_digits_kernel`` without planes (one read of the weight, one program per row); the
    GEMM reads the bf16/fp16 weight again and makes its digits in registers, so the weight never
@@ -33,12 +35,15 @@ from rlkernel import dispatch
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE
 
-GRID = 20
+#: grid magnitude bits of x rows (28-bit grid, 4 digits) and weight rows (21-bit grid, 3 digits)
+X_BITS, W_BITS = 27, 20
+X_DIGITS, W_DIGITS = 4, 3
 SENTINEL = 1 << 20
 #: exponent of an all-zero row or an empty K-slice: below every real exponent (a MAX over shards ignores it)
 ZERO_EXP = -149
 _ZERO_EXP = tl.constexpr(ZERO_EXP)  # the same value inside the kernels
-MAX_K = 1 << 22
+#: |C| <= K * 2**47 < 2**63
+MAX_K = (1 << 16) - 1
 #: int32 level accumulators are folded into int64 every K_CHUNK (3 * 2**12 * 2**16 < 2**31)
 K_CHUNK = 1 << 16
 #: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
@@ -56,8 +61,9 @@ SMALL_TILES = False
 
 @triton.jit
 def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stride,
-                          HAS_E: tl.constexpr, WRITE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Row exponent (unless given) and the three int8 digit planes of one row."""
+                          HAS_E: tl.constexpr, WRITE: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Row exponent (unless given) and the int8 digit planes of one row (four for a 28-bit grid,
+    BITS = 27; three for a 21-bit grid, BITS = 20)."""
     row = tl.program_id(0).to(tl.int64)
     base = t_ptr + row * stride_r
     cols = tl.arange(0, BLOCK_K)
@@ -82,8 +88,12 @@ def _linear_digits_kernel(t_ptr, e_ptr, d_ptr, K, stride_r, stride_k, plane_stri
     for k0 in range(0, K if WRITE else 0, BLOCK_K):
         mask = k0 + cols < K
         v = E.upcast(tl.load(base + (k0 + cols) * stride_k, mask=mask, other=0.0))
-        g = tl.where(live, E.grid_int(v, e_safe), 0)
-        d0, d1, d2 = E.split3(g)
+        g = tl.where(live, E.grid_int_bits(v, e_safe, BITS), 0)
+        if BITS == 27:
+            d0, d1, d2, d3 = E.split4(g)
+            tl.store(out + 3 * plane_stride + k0 + cols, d3, mask=mask)
+        else:
+            d0, d1, d2 = E.split3(g)
         tl.store(out + k0 + cols, d0, mask=mask)
         tl.store(out + plane_stride + k0 + cols, d1, mask=mask)
         tl.store(out + 2 * plane_stride + k0 + cols, d2, mask=mask)
@@ -100,11 +110,11 @@ def _ldexp_clamped(y, k):
 def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K, stride_wn, stride_wk,
                 W_DIGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 K_CHUNK: tl.constexpr, k_lo, k_hi):
-    """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by nine int8 digit products,
+    """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by twelve int8 digit products,
     over ``k`` in ``[k_lo, k_hi)`` (``[0, K)``, or a split-K program's slice).
 
-    x digits come from planes ``[3, M, K]``; the weight either from digit planes ``[3, N, K]``
-    (``W_DIGITS``) or from the bf16/fp16 weight itself (any strides), put on the grids
+    x digits come from planes ``[4, M, K]``; the weight either from digit planes ``[3, N, K]``
+    (``W_DIGITS``) or from the bf16/fp16 weight itself (any strides), put on the 21-bit grids
     ``ew_safe`` and split into digits in registers (rows with ``w_live`` False give 0).
     """
     rk = tl.arange(0, BLOCK_K)
@@ -116,6 +126,7 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
         l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        l5 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         for k0 in range(kc, tl.minimum(kc + K_CHUNK, k_hi), BLOCK_K):
             kk = k0 + rk
             k_ok = kk < K
@@ -124,6 +135,7 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
             a0 = tl.load(xp, mask=xmask, other=0)
             a1 = tl.load(xp + x_plane, mask=xmask, other=0)
             a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
+            a3 = tl.load(xp + 3 * x_plane, mask=xmask, other=0)
             wmask = k_ok[:, None] & n_ok[None, :]
             if W_DIGITS:
                 wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
@@ -133,7 +145,7 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
             else:
                 wt = E.upcast(tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + kk[:, None] * stride_wk,
                                       mask=wmask, other=0.0))
-                g = tl.where(w_live[None, :], E.grid_int(wt, ew_safe[None, :]), 0)
+                g = tl.where(w_live[None, :], E.grid_int_bits(wt, ew_safe[None, :], 20), 0)
                 b0, b1, b2 = E.split3(g)
             l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
             l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
@@ -143,16 +155,21 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
             l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
             l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
             l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+            l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
             l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+            l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
+            l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
         acc += l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
     return acc
 
 
 @triton.jit
-def _logit_tile(acc, ex, ew, x_live, w_live):
-    """P3 + P2 epilogue of a tile: ``ldexp_c(int_to_fp32(C), ex + ew - 40)``, NaN on non-finite rows."""
-    y = _ldexp_clamped(E.int64_to_f32(acc), tl.where(x_live, ex, 0)[:, None] + tl.where(w_live, ew, 0)[None, :] - 40)
+def _out_tile(acc, ex, ew, x_live, w_live, OUT: tl.constexpr):
+    """P3' epilogue of a tile: ``C * 2**(ex + ew - 47)`` rounded once to output format ``OUT`` (as fp32),
+    NaN on non-finite rows."""
+    k = tl.where(x_live, ex, 0)[:, None] + tl.where(w_live, ew, 0)[None, :] - 47
+    y = E.int64_to_out(acc, k, OUT)
     return tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
 
 
@@ -187,9 +204,11 @@ def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
     if ATOMIC:
         tl.atomic_add(y_ptrs, acc, mask=out_mask, sem="relaxed")
     elif FINISH:
-        y = _logit_tile(acc, ex, ew, ex != 1048576, w_live)
-        if HAS_BIAS:
+        if HAS_BIAS:  # one rounding to fp32, one fp32 addition, the cast
+            y = _out_tile(acc, ex, ew, ex != 1048576, w_live, 0)
             y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
+        else:  # one rounding, straight to the output format
+            y = _out_tile(acc, ex, ew, ex != 1048576, w_live, OUT)
         tl.store(y_ptrs, E.cast_out(y, OUT), mask=out_mask)
     else:
         tl.store(y_ptrs, acc, mask=out_mask)
@@ -207,14 +226,12 @@ def _linear_finish_kernel(acc_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr, M, N,
     acc = tl.load(acc_ptr + offs, mask=mask, other=0)
     ex = tl.load(ex_ptr + rm, mask=m_ok, other=0)
     ew = tl.load(ew_ptr + rn, mask=n_ok, other=0)
-    live = (ex != 1048576)[:, None] & (ew != 1048576)[None, :]
-    # exponents are int64 in [-148, 128] (or the sentinel): clamp before narrowing
-    k = tl.where(live, ex[:, None] + ew[None, :] - 40, 0)
-    k = tl.minimum(tl.maximum(k, -252), 254).to(tl.int32)
-    y = E.ldexp_c(E.int64_to_f32(acc), k)
-    y = tl.where(live, y, E.canonical_nan_f32(y))
+    x_live, w_live = ex != 1048576, ew != 1048576
     if HAS_BIAS:
+        y = _out_tile(acc, ex, ew, x_live, w_live, 0)
         y = y + E.upcast(tl.load(bias_ptr + rn, mask=n_ok, other=0.0))[None, :]
+    else:
+        y = _out_tile(acc, ex, ew, x_live, w_live, OUT)
     tl.store(y_ptr + offs, E.cast_out(y, OUT), mask=mask)
 
 
@@ -223,24 +240,28 @@ def _linear_finish_kernel(acc_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr, M, N,
 
 def _check_k(op: str, k: int) -> None:
     if k > MAX_K:
-        raise ValueError(f"{op}: K={k} exceeds the exact-sum bound 2**22 = {MAX_K} of the digit matmul "
-                         f"(|C| <= K * 2**40 < 2**63); split K over tensor-parallel shards")
+        raise ValueError(f"{op}: K={k} exceeds the exact-sum bound 2**16 - 1 = {MAX_K} of the digit matmul "
+                         f"(|C| <= K * 2**47 < 2**63)")
 
 
-def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 digit planes [3, R, K] of the rows of t [R, K] (any strides) and their exponents (int64 [R]).
+def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True,
+            activation: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 digit planes of the rows of t [R, K] (any strides) and their exponents (int64 [R]):
+    ``[4, R, K]`` on the 28-bit grid for activations (x), ``[3, R, K]`` on the 21-bit grid for
+    weights (``activation=False``).
 
     ``write=False``: the exponents only (the planes are not made).
     """
     rows, k = t.shape
-    d = torch.empty((3, rows, k) if write else (1,), dtype=torch.int8, device=t.device)
+    bits, count = (X_BITS, X_DIGITS) if activation else (W_BITS, W_DIGITS)
+    d = torch.empty((count, rows, k) if write else (1,), dtype=torch.int8, device=t.device)
     has_e = e is not None
     if e is None:
         e = torch.empty(rows, dtype=torch.int64, device=t.device)
     if rows and k:
         block = 64 if SMALL_TILES else 1024
         _linear_digits_kernel[(rows,)](t, e, d, k, t.stride(0), t.stride(1), rows * k, HAS_E=has_e,
-                                       WRITE=write, BLOCK_K=block, num_warps=4, **LAUNCH)
+                                       WRITE=write, BITS=bits, BLOCK_K=block, num_warps=4, **LAUNCH)
     elif not has_e:
         e.fill_(ZERO_EXP)
     return d, e
@@ -270,7 +291,7 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
 def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: torch.Tensor, ew: torch.Tensor,
                  bias: torch.Tensor | None, out: torch.Tensor, k_split: int, tiles: tuple[int, int, int, int, int],
                  *, w_digits: bool, finish: bool, atomic: bool, out_code: int) -> None:
-    """One ``_linear_gemm_kernel`` launch into ``out`` [M, N] (x digit planes ``xd`` [3, M, K];
+    """One ``_linear_gemm_kernel`` launch into ``out`` [M, N] (x digit planes ``xd`` [4, M, K];
     ``wd`` the weight's digit planes, or the weight itself when not ``w_digits``)."""
     m, k = xd.shape[1], xd.shape[2]
     n = weight.shape[0]
@@ -292,11 +313,11 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     decode = m <= DECODE_MAX_M and weight.dtype in (torch.bfloat16, torch.float16)
     xd, ex = _digits(x, ex_given)
     if decode:  # the weight's exponents only (or the given ones); its digits are made in the GEMM
-        ew = ew_given if ew_given is not None else _digits(weight, write=False)[1]
+        ew = ew_given if ew_given is not None else _digits(weight, write=False, activation=False)[1]
         wd = weight
         dispatch.note_kernel("triton-int8-decode")
     else:
-        wd, ew = _digits(weight, ew_given)
+        wd, ew = _digits(weight, ew_given, activation=False)
         dispatch.note_kernel("triton-int8")
     y = torch.empty((m, n), dtype=out_dtype if finish else torch.int64, device=x.device)
     if m == 0 or n == 0:
@@ -365,7 +386,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel ``linear_exponents``: (ex int64 [M], ew int64 [N]), sentinel 2**20 for non-finite rows."""
     _, ex = _digits(x, write=False)
-    _, ew = _digits(weight, write=False)
+    _, ew = _digits(weight, write=False, activation=False)
     return ex, ew
 
 
@@ -388,8 +409,8 @@ def static_specs():
         specs.append(("linear", f"{dt}_digits", _linear_digits_kernel,
                       {"t_ptr": f"*{dt}", "e_ptr": "*i64", "d_ptr": "*i8", "K": "i32", "stride_r": "i64",
                        "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "WRITE": "constexpr",
-                       "BLOCK_K": "constexpr"},
-                      {"HAS_E": False, "WRITE": True, "BLOCK_K": 1024}))
+                       "BITS": "constexpr", "BLOCK_K": "constexpr"},
+                      {"HAS_E": False, "WRITE": True, "BITS": 27, "BLOCK_K": 1024}))
     base = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
             "K_SPLIT": "i32", "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64",
             "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
@@ -405,6 +426,7 @@ def static_specs():
                        "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK}))
 
     gemm("prefill_gemm_bf16_out_bias", "*i8", "*bf16", prefill, w_digits=True, finish=True, bias=True, out=1)
+    gemm("prefill_gemm_bf16_out", "*i8", "*bf16", prefill, w_digits=True, finish=True, out=1)
     gemm("decode_gemm_bf16_weight_fp32_out", "*bf16", "*fp32", decode, w_digits=False, finish=True)
     gemm("logits_bf16_weight_prefill_tiles_fp32_out", "*bf16", "*fp32", prefill, w_digits=False, finish=True)
     gemm("decode_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", decode, w_digits=False, finish=False,
