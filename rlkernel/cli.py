@@ -101,10 +101,13 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if result.missing_contracts:
         print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
     for r in result.records:
-        if r.failed:
+        if r.failed and r.status != "not_supported":  # those are summarised below, one entry per op
             print(f"{r.status.upper()} {r.op}/{r.case} ({r.kind}): {r.detail}")
             if r.repro:
                 print(f"  reproduce: {r.repro}")
+    if report.not_supported_line(result):
+        print(f"{report.not_supported_line(result)}: backend {result.backend} has no kernel for them "
+              f"(every case is in {paths['json']})")
     print(f"backend {result.backend} on {result.device} ({result.architecture}); reports: "
           + ", ".join(str(p) for p in paths.values()))
     if not result.records:
