@@ -16,7 +16,7 @@ import torch
 
 Kind = Literal["golden", "adversarial"]
 
-#: Invariance names a contract may declare (DESIGN R9).
+#: Invariance names a contract may declare (docs/numerics.md R9).
 INVARIANCES = (
     "batch",  # a row alone equals the same row inside batches of several sizes and positions
     "permutation",  # permuting the batch permutes the output and nothing else

@@ -1,7 +1,7 @@
 """Attention over packed (varlen) sequences with a KV cache, and over a paged KV cache, bit-exact.
 
 ``out_i = sum_j softmax_j(scale * q_i . k_j) v_j`` over the keys query ``i`` may see, with the
-construction of DESIGN R4a made exact: scores are exact digit dot products rounded once,
+construction of docs/numerics.md R4a made exact: scores are exact digit dot products rounded once,
 softmax numerator and denominator are integer sums on fixed grids, and the only divisions
 are one IEEE fp32 division per output element. Every quantity of a query row depends only on
 that row and the keys it may attend, so prefill, chunked prefill, decode, packing, KV block

@@ -1,4 +1,4 @@
-"""Contract ``linear``: ``y = x @ weight.T (+ bias)`` by the exact digit matmul (P5, DESIGN R4).
+"""Contract ``linear``: ``y = x @ weight.T (+ bias)`` by the exact digit matmul (docs/numerics.md P5, R4).
 
 The module also defines the three tensor-parallel sub-ops that split ``linear`` over shards
 of K (row-parallel TP): ``linear_exponents``, ``linear_partial`` and ``linear_finish``

@@ -7,7 +7,7 @@ module, the native baseline (``case.native(**inputs)``) and the rlkernel op
 ``triton.testing.do_bench`` medians; elsewhere ``time.perf_counter`` medians after a warm-up.
 Inputs smaller than 256 MB are built three times and rotated so that caches do not flatter small
 shapes. Throughput comes from the case's declared ``flops`` and ``bytes`` formulas;
-``ratio = native_ms / rlkernel_ms`` (the goals are in docs/bench/h200-analysis.md). An interrupt
+``ratio = native_ms / rlkernel_ms`` (the goals are in docs/design.md, "Performance"). An interrupt
 (Ctrl-C, or SIGTERM through the CLI) ends the run with a report of the rows measured so far,
 marked partial.
 """

@@ -1,6 +1,6 @@
 """A template backend: copy this package to start a new vendor backend. It is never registered.
 
-A backend is a small class of facts plus an op table (DESIGN §4, STYLE "Layout"). Kernels live
+A backend is a small class of facts plus an op table (docs/design.md, "Dispatch and backends"). Kernels live
 in per-op modules beside this file (``rms_norm.py`` defining ``rms_norm(**inputs)``) and are
 imported on first use. Copy the package (in-tree as ``backends/<vendor>/`` and add it to
 ``rlkernel.registry._BUILTINS``, or out of tree as your own package registered through the
