@@ -7,6 +7,7 @@ docstrings must exist; and nothing cites the design notes that live outside the 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -80,3 +81,23 @@ def test_nothing_cites_the_design_notes_outside_the_repository() -> None:
              for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
     assert not cited, ("cite docs/numerics.md (rules R1-R10) or docs/design.md (layers, dispatch, conformance, "
                        "performance) instead:\n" + "\n".join(cited))
+
+
+def test_readme_backend_table_counts_are_those_of_the_committed_full_reports() -> None:
+    """The README says the first command runs the quick suite and the table's counts come from
+    ``--full`` runs: each row's ``N passed, N failed`` must be its linked report's, and that
+    report a full run."""
+    readme = (ROOT / "README.md").read_text()
+    intro = readme.split("## What rlkernel is")[0]
+    assert "quick conformance suite (`--quick`, the default" in intro and "`--full` runs" in intro
+    rows = [line for line in readme.splitlines() if line.startswith("| ") and "conformance/results/" in line]
+    assert len(rows) >= 3
+    for row in rows:
+        link = re.search(r"\]\((conformance/results/[^)]+)\)", row)
+        counts = re.search(r"\((\d+) passed, (\d+) failed", row)
+        assert link and counts, row
+        target = ROOT / link.group(1)
+        report = target / "report.json" if target.is_dir() else target.with_suffix(".json")
+        doc = json.loads(report.read_text())
+        assert doc["mode"] == "full", f"{report.relative_to(ROOT)} is a {doc['mode']} run; the table promises --full"
+        assert (doc["summary"]["passed"], doc["summary"]["failed"]) == (int(counts[1]), int(counts[2])), row
