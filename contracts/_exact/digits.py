@@ -1,4 +1,4 @@
-"""Reference digit matmul (docs/numerics.md P5, DESIGN R4).
+"""Reference digit matmul (docs/numerics.md P5, R4).
 
 ``C = X @ W.T`` exactly, for integer matrices on signed row grids (21 bits in P5 v1; 28-bit
 activation rows and 21-bit weight rows in linear v2). The reference splits each operand into
