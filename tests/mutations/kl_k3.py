@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from mutations import ORDER_BATCH, Mutation, mutation, original, patch, wrap
-from mutations.softmax import _select_result, exp_representative
+from mutations.softmax import select_result, exp_representative
 
 OP = "kl_k3"
 
@@ -45,9 +45,9 @@ def _batched_path(fn: Any) -> Any:
 MUTATIONS: list[Mutation] = [
     *exp_representative(OP),
     mutation(OP, "exp_overflow_rule", "x > 89 -> +inf dropped (stand-in result 1)",
-             wrap("rl", "exp_c", _select_result(lambda x: x > 89.0, 1.0))),
+             wrap("rl", "exp_c", select_result(lambda x: x > 89.0, 1.0))),
     mutation(OP, "exp_underflow_rule", "x < -104 -> +0 dropped (stand-in result 1)",
-             wrap("rl", "exp_c", _select_result(lambda x: x < -104.0, 1.0))),
+             wrap("rl", "exp_c", select_result(lambda x: x < -104.0, 1.0))),
     mutation(OP, "k3_rounding", "RN(RN(e - d) - 1) -> RN(RN(e - 1) - d)",
              patch("rl", "kl_k3", _k3(_minus_one_first))),
     mutation(OP, "k3_rounding", "RN(RN(e - d) - 1) -> one rounding of e - d - 1",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
-from mutations import GENERIC, ORDER_BATCH, Mutation, mutation, original, patch, wrap
-from mutations.softmax import _select_result, cast_mutants, cast_truncating, exp_representative
+from mutations import ORDER_BATCH, Mutation, mutation, original, patch, wrap
+from mutations.softmax import select_result, cast_mutants, cast_truncating, exp_representative, swapped
 
 OP = "silu_mul"
 
@@ -24,17 +23,12 @@ def _round_s_truncating(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _batched_path(fn: Any) -> Any:
     """Inputs of more than one row take a 'batched' path whose silu is g times a rounded sigmoid."""
-    kernel_module = importlib.import_module(f"{GENERIC}.silu_mul")
 
     def mutant(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if gate.dim() < 2 or gate.shape[0] < 2:
             return fn(gate, up)
-        silu = kernel_module._silu
-        kernel_module._silu = _silu_reciprocal
-        try:
+        with swapped("silu_mul", "_silu", _silu_reciprocal):
             return fn(gate, up)
-        finally:
-            kernel_module._silu = silu
 
     return mutant
 
@@ -42,9 +36,9 @@ def _batched_path(fn: Any) -> Any:
 MUTATIONS: list[Mutation] = [
     *exp_representative(OP),
     mutation(OP, "exp_overflow_rule", "x > 89 -> +inf dropped (stand-in result 1)",
-             wrap("silu_mul", "exp_c", _select_result(lambda x: x > 89.0, 1.0))),
+             wrap("silu_mul", "exp_c", select_result(lambda x: x > 89.0, 1.0))),
     mutation(OP, "exp_underflow_rule", "x < -104 -> +0 dropped (stand-in result 1)",
-             wrap("silu_mul", "exp_c", _select_result(lambda x: x < -104.0, 1.0))),
+             wrap("silu_mul", "exp_c", select_result(lambda x: x < -104.0, 1.0))),
     mutation(OP, "silu_division", "g / (1 + e) -> g * RN(1 / (1 + e))", patch("silu_mul", "_silu", _silu_reciprocal)),
     mutation(OP, "s_rounding", "silu rounded to gate's dtype before the product -> kept in fp32",
              patch("silu_mul", "_round_s", lambda s, dtype: s)),

@@ -7,8 +7,9 @@ same way wherever it is pinned.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +30,18 @@ LOG_CONSTANTS = {"ln2_hi": "_LN2_HI", "ln2_lo": "_LN2_LO", "log_sqrt_half": "_SQ
 
 def _module(name: str) -> Any:
     return importlib.import_module(name if name.startswith("rlkernel.") else f"{GENERIC}.{name}")
+
+
+@contextlib.contextmanager
+def swapped(module: str, attribute: str, value: Any) -> Iterator[None]:
+    """Within the block, ``module.attribute`` (a generic-backend module) is ``value``."""
+    mod = _module(module)
+    saved = getattr(mod, attribute)
+    setattr(mod, attribute, value)
+    try:
+        yield
+    finally:
+        setattr(mod, attribute, saved)
 
 
 def with_constants(**values: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -78,7 +91,7 @@ def _k_floor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return k.to(torch.int32), k.to(torch.float32)
 
 
-def _select_result(cond: Callable[[torch.Tensor], torch.Tensor], value: float) -> Callable[..., Any]:
+def select_result(cond: Callable[[torch.Tensor], torch.Tensor], value: float) -> Callable[..., Any]:
     """``make``: exp_c whose special rule ``cond`` is dropped, i.e. the stand-in result ``value``
     (exp_c(0) = 1) comes out where the rule would have selected its special value."""
 
@@ -104,9 +117,9 @@ def exp_mutants(op: str, binding: str, separate_ln2: bool = False, k_half_away: 
                              patch(TRANSCENDENTAL, "_round_k", _k_half_away)))
     muts.append(mutation(op, "exp_k_rounding", "k = floor(t)", patch(TRANSCENDENTAL, "_round_k", _k_floor)))
     muts.append(mutation(op, "exp_underflow_rule", "x < -104 -> +0 dropped (stand-in result 1)",
-                         wrap(binding, "exp_c", _select_result(lambda x: x < -104.0, 1.0))))
+                         wrap(binding, "exp_c", select_result(lambda x: x < -104.0, 1.0))))
     muts.append(mutation(op, "exp_nan_rule", "NaN -> NaN dropped (stand-in result 1)",
-                         wrap(binding, "exp_c", _select_result(torch.isnan, 1.0))))
+                         wrap(binding, "exp_c", select_result(torch.isnan, 1.0))))
     return muts
 
 
