@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from mutations import ORDER_BATCH, Mutation, mutation, original, patch, wrap
-from mutations.softmax import select_result, exp_representative
+from mutations.softmax import exp_representative, select_result
 
 OP = "kl_k3"
 

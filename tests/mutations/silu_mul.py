@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from mutations import ORDER_BATCH, Mutation, mutation, original, patch, wrap
-from mutations.softmax import select_result, cast_mutants, cast_truncating, exp_representative, swapped
+from mutations.softmax import cast_mutants, cast_truncating, exp_representative, select_result, swapped
 
 OP = "silu_mul"
 
