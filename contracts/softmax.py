@@ -271,35 +271,35 @@ def _f32_of(bits: int) -> float:
     return float(from_bits([bits], torch.float32)[0])
 
 
-def _encoding(magnitude: float) -> int:
+def encoding(magnitude: float) -> int:
     """The binary32 encoding of the positive float ``magnitude`` (rounded to fp32)."""
     return int(torch.tensor(magnitude, dtype=torch.float32).view(torch.int32))
 
 
-def _from_encoding(a: torch.Tensor) -> torch.Tensor:
+def negative_of_encoding(a: torch.Tensor) -> torch.Tensor:
     """fp32 ``-x`` for the positive binary32 encodings ``a`` (int64)."""
     return -a.to(torch.int32).view(torch.float32)
 
 
-def _grid_units(d: torch.Tensor) -> torch.Tensor:
+def grid_position(d: torch.Tensor) -> torch.Tensor:
     """``exp_c(d) * 2**40`` exactly, in float64."""
     return exp_c(d).to(torch.float64) * _GRID
 
 
-def _solve(target: torch.Tensor, lo: float = -104.0, hi: float = -0.0) -> torch.Tensor:
-    """fp32 d in [lo, hi]: the largest d with ``_grid_units(d) <= target`` (float64 [n]).
+def argument_below(target: torch.Tensor, lo: float = -104.0, hi: float = -0.0) -> torch.Tensor:
+    """fp32 d in [lo, hi]: the largest d with ``grid_position(d) <= target`` (float64 [n]).
 
     Bisection over the encodings of -d, on which exp_c is non-increasing.
     """
-    a_lo = torch.full(target.shape, _encoding(-hi), dtype=torch.int64)  # units above target (or d = hi)
-    a_hi = torch.full(target.shape, _encoding(-lo), dtype=torch.int64)  # units at or below target
-    a_lo = torch.where(_grid_units(_from_encoding(a_lo)) <= target, a_lo - 1, a_lo)
+    a_lo = torch.full(target.shape, encoding(-hi), dtype=torch.int64)  # units above target (or d = hi)
+    a_hi = torch.full(target.shape, encoding(-lo), dtype=torch.int64)  # units at or below target
+    a_lo = torch.where(grid_position(negative_of_encoding(a_lo)) <= target, a_lo - 1, a_lo)
     while bool((a_hi - a_lo > 1).any()):
         mid = (a_lo + a_hi) // 2
-        ok = _grid_units(_from_encoding(mid)) <= target
+        ok = grid_position(negative_of_encoding(mid)) <= target
         a_hi = torch.where(ok, mid, a_hi)
         a_lo = torch.where(ok, a_lo, mid)
-    return _from_encoding(a_hi)
+    return negative_of_encoding(a_hi)
 
 
 def _fill(rest: torch.Tensor) -> torch.Tensor:
@@ -313,8 +313,8 @@ def _fill(rest: torch.Tensor) -> torch.Tensor:
     for col, (floor_units, keep) in enumerate(((1 << 17, (1 << 16) + (1 << 11)), (1 << 12, 1 << 11), (1, 0))):
         use = left >= floor_units
         target = (left - keep).to(torch.float64) + (0.25 if keep == 0 else 0.0)
-        d = _solve(target)
-        q = torch.round(_grid_units(d)).to(torch.int64)
+        d = argument_below(target)
+        q = torch.round(grid_position(d)).to(torch.int64)
         out[:, col] = torch.where(use, d, _NEG_INF)
         left = left - torch.where(use, q, 0)
     if bool((left != 0).any()):
@@ -344,7 +344,7 @@ def _knife_edge(fixed: list[list[float]], kinds: list[str]) -> torch.Tensor:
     """Rows ``[0, *fixed[i], tuners]`` whose exact sum is the knife-edge of ``kinds[i]``."""
     x = [[0.0, *f] for f in fixed]
     width = max(len(r) for r in x)
-    s0 = torch.round(_grid_units(_rows(x, width))).sum(dim=1).tolist()
+    s0 = torch.round(grid_position(_rows(x, width))).sum(dim=1).tolist()
     targets = torch.tensor([_edge_target(int(s), k) - int(s) for s, k in zip(s0, kinds)], dtype=torch.int64)
     return torch.cat([_rows(x, width), _fill(targets)], dim=1)
 
@@ -352,15 +352,16 @@ def _knife_edge(fixed: list[list[float]], kinds: list[str]) -> torch.Tensor:
 def _near(units: list[float], mod2: float) -> list[float]:
     """fp32 d whose grid positions ``exp_c(d) * 2**40`` lie at or just below ``units`` rounded
     down to an even number plus ``mod2`` (to within 0.01 for units below 2**13)."""
-    return _solve(torch.tensor([u - (u % 2.0) + mod2 for u in units], dtype=torch.float64)).tolist()
+    return argument_below(torch.tensor([u - (u % 2.0) + mod2 for u in units], dtype=torch.float64)).tolist()
 
 
-def _half_tie(units: float) -> float:
+@functools.cache
+def tie_argument(units: float) -> float:
     """fp32 d near the grid position ``units`` (in [2**22, 2**23)) whose p is an exact grid tie
     ``2a + 1/2`` (half to even rounds it down to 2a)."""
-    start = _encoding(-float(_solve(torch.tensor([units], dtype=torch.float64))[0]))
-    cand = _from_encoding(torch.arange(start, start + 256, dtype=torch.int64))
-    pos = _grid_units(cand)
+    start = encoding(-float(argument_below(torch.tensor([units], dtype=torch.float64))[0]))
+    cand = negative_of_encoding(torch.arange(start, start + 256, dtype=torch.int64))
+    pos = grid_position(cand)
     return float(cand[(pos % 2.0 == 0.5).nonzero()[0, 0]])
 
 
@@ -376,7 +377,7 @@ def _pin_sum_grid() -> torch.Tensor:
     """
     up = _near([4.0, 12.0, 600.0, 5000.0], 0.62)
     down = _near([4.0, 12.0, 600.0, 5000.0], 1.38)
-    tie = _half_tie(5.9e6)
+    tie = tie_argument(5.9e6)
     fixed = [up[0:2], up[2:4], up[0:4], down[0:2] + [tie], down[2:4] + [tie], down[0:4] + [tie], [], [tie]]
     kinds = ["above_tie"] * 3 + ["below_tie"] * 3 + ["tie"] * 2
     return _knife_edge(fixed, kinds)
@@ -395,8 +396,8 @@ def _pin_exp_sweep() -> torch.Tensor:
     """exp_c read directly: d in [-104, -28.4] rounds to 0 on the grid, so L = 1 and softmax
     gives p = exp_c(d) itself. One row of the probes :data:`_EXP_DEEP_PROBES`, one of 4096
     evenly spaced encodings of that range (subnormal and normal results)."""
-    lo, hi = _encoding(28.4), _encoding(104.0)
-    sweep = _from_encoding(torch.linspace(lo, hi, 4096, dtype=torch.float64).round().to(torch.int64))
+    lo, hi = encoding(28.4), encoding(104.0)
+    sweep = negative_of_encoding(torch.linspace(lo, hi, 4096, dtype=torch.float64).round().to(torch.int64))
     probes = [_f32_of(b) for b in _EXP_DEEP_PROBES]
     return _rows([[0.0, *probes], [0.0, *sweep.tolist()]], 4097)
 
