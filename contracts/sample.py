@@ -374,68 +374,63 @@ def _truncation_tuners() -> list[float]:
     return argument_below(torch.tensor([2001.95, 3001.95], dtype=torch.float64)).tolist()
 
 
-def _top_p_row(pnum2: int, kept: bool, salt: int) -> tuple[torch.Tensor, float, int, int]:
-    """One top-p knife-edge row: ``(logits [32], top_p, seed, position)``.
-
-    Tokens: a = 3 (z = 0, ranked first), b = 7 (z = :data:`_TOP_P_PROBE`, p_b = 0.71), three
-    more at p ~ 0.7 ranked after b, and tuners ranked last. ``top_p = pnum2 / 2**25`` (so
-    ``pnum = RNE(top_p * 2**24)`` is ``pnum2 / 2``, rounded half to even). The exact total puts
-    ``total * pnum / 2**24`` less than one slope above 2**40 + 1 (``kept``: b survives by a
-    fraction of a grid unit) or less than one slope below it (b cut by a fraction). Two tuners
-    sit at 1.95 modulo 2 (rounding them toward zero lowers the total) in kept rows, two exact
-    grid ties in cut rows (half away from zero raises it); the other tuners are exact on the
-    2**-41 grid and move the total by at most two units on the 2**-39 grid. The seed is chosen so that b beats a
-    in the Gumbel race: b's survival decides the token.
-    """
-    z_b = float(from_bits([_TOP_P_PROBE], torch.float32)[0])
-    fixed = [0.0, z_b] + [float(torch.tensor(z_b - 0.01 * i, dtype=torch.float32)) for i in (1, 2, 3)]
-    if kept:
-        fixed += _truncation_tuners()
-    else:
-        fixed += [tie_argument(5.9e6), tie_argument(6.9e6)]
-    pnum = (pnum2 + 1) // 2 if (pnum2 % 4 == 3) else pnum2 // 2  # RNE(pnum2 / 2)
-    x = -(-(((1 << 40) + 1) << P_BITS) // pnum)  # smallest total with floor(total * pnum / 2**24) > 2**40
-    x = x if kept else x - 1
-    rest = x - _units(fixed)
-    # coarse (exact: p >= 2**-16), an exact-integer tuner in [2**23, 2**24) leaving about 6144
-    # units, and a fine one 0.02 to 0.04 above the remaining integer
-    coarse = float(argument_below(torch.tensor([float(rest - 3 * (1 << 22))], dtype=torch.float64))[0])
-    rest -= _units([coarse])
-    mid = float(argument_below(torch.tensor([float(rest - 6144)], dtype=torch.float64))[0])
-    fine = float(argument_below(torch.tensor([rest - _units([mid]) + 0.04], dtype=torch.float64))[0])
-    terms = fixed + [coarse, mid, fine]
-    if _units(terms) != x:
-        raise RuntimeError("sample pinning rows: the tuners did not reach the exact total")
-    row = torch.full((32,), _NEG_INF, dtype=torch.float32)
-    row[[3, 7, 10, 11, 12]] = torch.tensor(fixed[:5])
-    row[20:20 + len(terms) - 5] = torch.tensor(terms[5:])
-    seed = _pin_seed(f"pin_top_p_{salt}")
-    for position in range(1000):
-        g = gumbel(seed, position, torch.tensor([3, 7]))
-        if float(row[7] + g[1]) > float(row[3] + g[0]):
-            return row, pnum2 / 2.0**25, seed, position
-    raise RuntimeError("sample pinning rows: no position where b wins")
-
-
 @functools.cache
 def _pin_top_p_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p knife-edge rows, a kept and a cut one for each of three top_p bit patterns: pnum
-    odd (a 23-bit pnum must round it), top_p * 2**24 = 2m + 1/2 (half to even rounds it down,
-    half away up, a 25-bit pnum keeps the half), and 2m + 3/2 (half to even rounds it up,
-    truncation down). ``total * pnum / 2**24`` sits within one slope of 2**40 + 1, so a grid of
-    2**-39 or 2**-41 for q, any other rounding of q or pnum, a rounded instead of floored cut
-    or ``<=`` instead of ``<`` decides b differently; so does one ulp of exp_c(z_b)."""
-    rows, top_p, seeds, positions = [], [], [], []
-    # top_p ~ 0.2618 (2**40 over the total of the fixed tokens and some tuner room); pnum odd,
-    # then pnum2 = 1 and 3 modulo 4
-    for i, pnum2 in enumerate((2 * 4392221, 8784445, 8784443)):
-        for kept in (True, False):
-            row, p, seed, position = _top_p_row(pnum2, kept, 2 * i + int(kept))
-            rows.append(row)
-            top_p.append(p)
-            seeds.append(seed)
-            positions.append(position)
-    return (torch.stack(rows), torch.tensor(top_p, dtype=torch.float32), torch.tensor(seeds, dtype=torch.int64),
+    """Top-p knife-edge rows: ``(logits [6, 32], top_p [6], seed [6], position [6])``.
+
+    Tokens: a = 3 (z = 0, ranked first), b = 7 (z = :data:`_TOP_P_PROBE`, p_b = 0.71), three
+    more at p ~ 0.7 ranked after b, and tuners ranked last. A kept and a cut row for each of
+    three top_p bit patterns (top_p ~ 0.2618 = 2**40 over the expected total): pnum =
+    top_p * 2**24 odd (a 23-bit pnum must round it), 2m + 1/2 (half to even rounds it down,
+    half away up, a 25-bit pnum keeps the half), 2m + 3/2 (half to even rounds it up,
+    truncation down). The exact total puts ``total * pnum / 2**24`` less than one slope
+    (pnum / 2**24) above 2**40 + 1 (kept: b survives by a fraction of a grid unit) or less than
+    one slope below it (cut). Kept rows hold two tuners at 1.95 modulo 2 (rounding them toward
+    zero lowers the total), cut rows two exact grid ties (half away from zero raises it); the
+    other tuners are exact on the 2**-41 grid and move the total by at most two units on the
+    2**-39 grid. So a grid of 2**-39 or 2**-41 for q, another rounding of q or pnum, a rounded
+    cut or ``<=`` for ``<`` decides b differently, and so does one ulp of exp_c(z_b). Each seed
+    is chosen so that b beats a in the Gumbel race: b's survival decides the token.
+    """
+    z_b = float(from_bits([_TOP_P_PROBE], torch.float32)[0])
+    head = [0.0, z_b] + [float(torch.tensor(z_b - 0.01 * i, dtype=torch.float32)) for i in (1, 2, 3)]
+    specs = [(pnum2, kept) for pnum2 in (2 * 4392221, 8784445, 8784443) for kept in (True, False)]
+    fixed, totals = [], []
+    for pnum2, kept in specs:
+        fixed.append(head + (_truncation_tuners() if kept else [tie_argument(5.9e6), tie_argument(6.9e6)]))
+        pnum = (pnum2 + 1) // 2 if pnum2 % 4 == 3 else pnum2 // 2  # RNE(pnum2 / 2)
+        first_kept = -(-(((1 << 40) + 1) << P_BITS) // pnum)  # smallest total with floor(total * pnum / 2**24) > 2**40
+        totals.append(first_kept if kept else first_kept - 1)
+    rest = torch.tensor([t - _units(f) for t, f in zip(totals, fixed)], dtype=torch.int64)
+
+    def units(d: torch.Tensor) -> torch.Tensor:
+        return torch.round(grid_position(d)).to(torch.int64)
+
+    # coarse (exact: p >= 2**-16), an exact-integer tuner in [2**23, 2**24) leaving about 6144
+    # units, and a fine one 0.02 to 0.04 above the remaining integer
+    coarse = argument_below((rest - 3 * (1 << 22)).to(torch.float64))
+    rest = rest - units(coarse)
+    mid = argument_below((rest - 6144).to(torch.float64))
+    rest = rest - units(mid)
+    fine = argument_below(rest.to(torch.float64) + 0.04)
+    rows, seeds, positions = [], [], []
+    for i, ((_, kept), f) in enumerate(zip(specs, fixed)):
+        terms = f + [float(coarse[i]), float(mid[i]), float(fine[i])]
+        if _units(terms) != totals[i]:
+            raise RuntimeError("sample pinning rows: the tuners did not reach the exact total")
+        row = torch.full((32,), _NEG_INF, dtype=torch.float32)
+        row[[3, 7, 10, 11, 12]] = torch.tensor(terms[:5])
+        row[20:20 + len(terms) - 5] = torch.tensor(terms[5:])
+        seed = _pin_seed(f"pin_top_p_{2 * (i // 2) + int(kept)}")
+        position = next((p for p in range(1000) if float(row[7] + gumbel(seed, p, torch.tensor([7]))[0])
+                         > float(row[3] + gumbel(seed, p, torch.tensor([3]))[0])), None)
+        if position is None:
+            raise RuntimeError("sample pinning rows: no position where b wins")
+        rows.append(row)
+        seeds.append(seed)
+        positions.append(position)
+    top_p = torch.tensor([pnum2 / 2.0**25 for pnum2, _ in specs], dtype=torch.float32)
+    return (torch.stack(rows), top_p, torch.tensor(seeds, dtype=torch.int64),
             torch.tensor(positions, dtype=torch.int64))
 
 
