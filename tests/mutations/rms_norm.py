@@ -106,7 +106,7 @@ MUTATIONS: list[Mutation] = [
              patch("rms_norm", "_round_h", lambda h, dtype: h)),
     mutation(OP, "h_rounding", "h to x's dtype: RNE -> toward zero",
              patch("rms_norm", "_round_h", _round_h_truncating)),
-    *cast_mutants(OP, "rms_norm", nan=False),
+    *cast_mutants(OP, "rms_norm"),
     mutation(OP, ORDER_FLOAT_SUM, "sum of squares in fp32, reversed order", patch("rms_norm", "exact_sum", float_sum)),
     mutation(OP, ORDER_BATCH, "grid exponent over the whole batch",
              patch("rms_norm", "exact_sum", _grid(_batch_exponent))),

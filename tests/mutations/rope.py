@@ -57,6 +57,6 @@ MUTATIONS: list[Mutation] = [
     mutation(OP, "product_rounding", "products rounded separately -> one rounding per output (fused)",
              patch("rope", "_rotate", _fused)),
     mutation(OP, "table_precision", "fp32 cos/sin -> rounded to x's dtype", wrap("rope", "rope", _tables_in_x_dtype)),
-    *cast_mutants(OP, "rope", nan=False),
+    *cast_mutants(OP, "rope"),
     mutation(OP, ORDER_BATCH, "more than 8 tokens: fused rotation", wrap("rope", "rope", _batched_path)),
 ]

@@ -44,6 +44,6 @@ MUTATIONS: list[Mutation] = [
              patch("silu_mul", "_round_s", lambda s, dtype: s)),
     mutation(OP, "s_rounding", "silu to gate's dtype: RNE -> toward zero",
              patch("silu_mul", "_round_s", _round_s_truncating)),
-    *cast_mutants(OP, "silu_mul", nan=False),
+    *cast_mutants(OP, "silu_mul"),
     mutation(OP, ORDER_BATCH, "rows > 1: silu as g * RN(sigmoid)", wrap("silu_mul", "silu_mul", _batched_path)),
 ]
