@@ -31,6 +31,13 @@ CONTRACT = Contract(
     summary="``out[..., :] = weight[ids[...], :]`` (bit copy, canonical NaN)",
     invariances=("batch", "permutation", "repeat", "autograd"),
     dtypes={"ids": (torch.int64, torch.int32), "weight": (FP32, BF16, FP16)},
+    # A bit copy has no width, rounding or table; what a one-step change can break are the
+    # special values it must carry unchanged. (Its NaN rule, canonical NaN out, is not listed:
+    # conformance compares outputs after NaN canonicalisation, so no case can observe it.)
+    parameters={
+        "signed_zero": "-0 entries are copied as -0 (no arithmetic on the rows)",
+        "subnormals": "subnormal entries are copied, not flushed to zero",
+    },
 )
 
 
@@ -113,6 +120,8 @@ def adversarial_cases() -> list[Case]:
                           make=lambda d=dtype: {"ids": torch.tensor([[1, 3, 0], [5, 1, 1]]),
                                                 "weight": _special_weight(d)}))
     cases += [
+        Case(name="special_rows_many_ids_bf16", kind="adversarial", make=lambda: {
+            "ids": integers(_seed("special_many", "ids"), (48,), 0, 6), "weight": _special_weight(BF16)}),
         Case(name="boundary_and_repeated_ids", kind="adversarial", make=lambda: {
             "ids": torch.tensor([0, 999, 999, 0, 500, 999], dtype=torch.int32),
             "weight": normal(_seed("boundary", "w"), (1000, 24), 0.02, BF16)}),

@@ -30,6 +30,16 @@ CONTRACT = Contract(
     summary="y1 = RN(RN(x1*c) - RN(x2*s)), y2 = RN(RN(x2*c) + RN(x1*s)), c/s = RN32(cos/sin(p * theta**(-2i/D)))",
     invariances=("batch", "permutation", "chunking", "prefill_decode", "repeat"),
     dtypes={"x": (torch.bfloat16, torch.float16, torch.float32), "positions": (torch.int64,)},
+    # The table entries themselves (RN32 of the exact cos/sin, R8) are computed on the host by
+    # rope_tables and handed to every backend, so no backend mutant can change them; the golden
+    # hashes pin them through the outputs.
+    parameters={
+        "layout": "rotate-half (NeoX): x1 = x[..., :D/2] pairs with x2 = x[..., D/2:]",
+        "rotation": "y1 = x1 c - x2 s, y2 = x2 c + x1 s (rotation by +p * theta**(-2i/D))",
+        "product_rounding": "each of the four products rounded to fp32, then one rounded add/sub (no FMA)",
+        "table_precision": "c, s used as fp32 table entries (not rounded to x's dtype)",
+        "output_rounding": "y rounded to x's dtype, nearest even (overflow to inf)",
+    },
 )
 
 # --------------------------------------------------------------------------- host tables
