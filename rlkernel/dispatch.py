@@ -1,5 +1,7 @@
-"""Dispatch: pick the backend from the inputs' device, run its kernel, record what ran.
+"""Dispatch: pick the backend for the op and the inputs' device, run its kernel, record what ran.
 
+The backend is chosen per op (:func:`rlkernel.registry.select`: the best usable backend of the
+device that has the op, or the forced one, which never falls through).
 ``rlkernel.trace()`` collects ``(op, kernel)`` records of every call inside it, and
 ``rlkernel.last_kernel()`` names the kernel of the most recent call in this thread, so a
 user can always see which backend and kernel produced a result.
@@ -15,8 +17,8 @@ from typing import Any
 
 import torch
 
+from rlkernel import registry
 from rlkernel.backend import Backend
-from rlkernel.registry import backend_for
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,12 @@ def _state() -> threading.local:
 
 @contextlib.contextmanager
 def use_backend(name: str | None) -> Iterator[None]:
-    """Force backend ``name`` for calls in this thread (like ``RLKERNEL_BACKEND``)."""
+    """Force backend ``name`` for calls in this thread (like ``RLKERNEL_BACKEND``; it wins over it).
+
+    Every op inside the block runs on ``name`` or raises: an op it lacks raises
+    :class:`~rlkernel.backend.KernelNotFound` naming the backends that have it. ``None`` lifts
+    an outer forcing (``RLKERNEL_BACKEND`` still applies).
+    """
     state = _state()
     previous = state.forced
     state.forced = name
@@ -75,7 +82,8 @@ def note_kernel(path: str) -> None:
 
 def select(op: str, device: torch.device) -> Backend:
     """The backend that will run ``op`` for tensors on ``device`` (raises if none can)."""
-    return backend_for(device.type, _state().forced)
+    forced = _state().forced
+    return registry.select(op, device.type, forced, "use_backend" if forced else None)
 
 
 def call(op: str, device: torch.device, /, **kwargs: Any) -> Any:
