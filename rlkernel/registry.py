@@ -100,9 +100,16 @@ def default_backends(device_type: str) -> list[Backend]:
 
     Forced-only backends (``priority < 0``) are left out; ties keep the order of discovery.
     """
-    device = torch.device(device_type)
-    serving = [b for b in all_backends().values() if b.priority >= 0 and b.serves(device) and _usable(b)]
+    serving = [b for b in all_backends().values() if b.priority >= 0 and _serves(b, device_type) and _usable(b)]
     return sorted(serving, key=lambda b: b.priority)  # stable: discovery order breaks ties
+
+
+def _serves(backend: Backend, device_type: str) -> bool:
+    try:
+        device = torch.device(device_type)
+    except RuntimeError:  # a vendor type (npu, musa) torch does not know until the vendor's module renames
+        return device_type in backend.device_types  # PrivateUse1; the info listing must not fail on it
+    return backend.serves(device)
 
 
 def serving_table() -> dict[str, dict[str, str]]:
@@ -192,9 +199,8 @@ def forced_backend(device_type: str, forced: str, source: str | None = None) -> 
 
 
 def _nobody_serves(device_type: str) -> RuntimeError:
-    device = torch.device(device_type)
     reasons = [f"{b.name}: {_probes.get(b.name, (False, 'not probed'))[1]}"
-               for b in all_backends().values() if b.serves(device) and b.priority >= 0]
+               for b in all_backends().values() if _serves(b, device_type) and b.priority >= 0]
     why = "; ".join(reasons) if reasons else "no installed backend declares this device type"
     return RuntimeError(
         f"no usable rlkernel backend serves {device_type!r} tensors ({why}). Fix what the probe reports, "
