@@ -35,6 +35,8 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
     ------
     TypeError, ValueError
         rewards not a float32 [G, n] tensor; eps negative or not finite.
+    rlkernel.dispatch.BackwardNotDefined
+        rewards requires grad with grad mode on (no backward yet; never detached silently).
 
     Bitwise semantics
     -----------------
@@ -54,5 +56,4 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
     if not isinstance(scale, bool):
         raise TypeError(f"{op}: scale must be a bool, got {type(scale).__name__}")
     _rl.check_terms(op, r.shape[1])
-    with torch.no_grad():
-        return dispatch.call(op, r.device, rewards=v.contiguous(r).detach(), eps=_rl.fp32_of(e), scale=scale)
+    return dispatch.call(op, r.device, rewards=v.contiguous(r), eps=_rl.fp32_of(e), scale=scale)

@@ -34,9 +34,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     -----------------
     ``d = RN32(ref_logp - logp)``, ``k3 = RN32(RN32(exp_c(d) - d) - 1)`` elementwise (contract
     exp, P6): exactly +0 where the log-probs are equal. d > 89 or d = -inf give +inf; NaN
-    inputs (or d = inf - inf) give the canonical NaN. No clamp. Not differentiable (compute the
-    KL loss gradient with your own autograd if needed). Invariances: batch, permutation,
-    repeat. Contract ``kl_k3`` v1.
+    inputs (or d = inf - inf) give the canonical NaN. No clamp. No backward yet: inputs that
+    require grad (grad mode on) raise ``rlkernel.dispatch.BackwardNotDefined`` rather than
+    being detached silently. Invariances: batch, permutation, repeat. Contract ``kl_k3`` v1.
     """
     op = "kl_k3"
     logp = _rl.fp32_tensor(op, "logp", logp)
@@ -45,5 +45,4 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{op}: ref_logp has shape {tuple(ref_logp.shape)}; expected logp's shape "
                          f"{tuple(logp.shape)} (no broadcasting)")
     device = v.same_device(op, [("logp", logp), ("ref_logp", ref_logp)])
-    with torch.no_grad():
-        return dispatch.call(op, device, logp=v.contiguous(logp).detach(), ref_logp=v.contiguous(ref_logp).detach())
+    return dispatch.call(op, device, logp=v.contiguous(logp), ref_logp=v.contiguous(ref_logp))

@@ -66,7 +66,8 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
         otherwise): the global count, so every micro-batch and rank normalises alike. Rounded
         once to fp32 on the host; must be finite and > 0.
     partial : bool
-        Return the exact partial, int64 [21], instead of the mean (see :mod:`rlkernel.rl`).
+        Return the exact partial, int64 [21], instead of the mean (see :mod:`rlkernel.rl`): an
+        integer output, not differentiable, computed without grad even when x requires grad.
     partials : int64 Tensor [K, 21] or [21], or a list of them, optional
         Instead of ``x``/``mask``: merge these partials of disjoint micro-batches (exact, any
         order) and finish them (or return the merged partial when ``partial=True``).
@@ -82,6 +83,8 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ValueError
         Shapes disagree, devices differ, an unknown mode, a denominator that is not a finite
         value > 0 in fp32, both or neither of (x, mask) and partials.
+    rlkernel.dispatch.BackwardNotDefined
+        x requires grad with grad mode on (no backward yet; the partial is exempt).
 
     Bitwise semantics
     -----------------
@@ -113,5 +116,9 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     m = _rl.mask_of(op, mask, x.shape)
     device = v.same_device(op, [("x", x), ("mask", m)])
     _rl.check_terms(op, x.numel())
+    if partial:  # an int64 partial for exact logging: not differentiable, so computed without grad
+        with torch.no_grad():
+            return dispatch.call(op, device, x=v.contiguous(x), mask=v.contiguous(m), mode=mode, denominator=den,
+                                 partial=True)
     return dispatch.call(op, device, x=v.contiguous(x), mask=v.contiguous(m), mode=mode, denominator=den,
-                         partial=partial)
+                         partial=False)

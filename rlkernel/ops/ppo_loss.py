@@ -71,7 +71,8 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
         Global normalisation count, as :func:`masked_mean`.
     partial : bool
         Return the exact masked-mean partial (int64 [21]) of the token losses, for exact
-        micro-batch accumulation (:func:`rlkernel.rl.finish_partials`). Not differentiable.
+        micro-batch accumulation (:func:`rlkernel.rl.finish_partials`). Not differentiable: an
+        integer output, computed without grad even when logp requires grad (for logging).
     grad_output : Tensor, float32, [], optional
         Return the backward ``grad_output * d loss / d logp`` (float32 [B, T]) instead of the
         loss: what autograd calls, exposed for frameworks with their own backward pass.
@@ -84,6 +85,9 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     ------
     TypeError, ValueError
         Wrong dtypes (all float32, mask bool), shapes, devices, clip values or modes.
+    rlkernel.dispatch.BackwardNotDefined
+        Grad mode is on and old_logp or advantages requires grad (the backward is for logp
+        only), or ``grad_output`` is given with inputs that require grad (no double backward).
 
     Bitwise semantics
     -----------------
@@ -143,9 +147,19 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
                              f"(the loss is a scalar)")
         v.same_device(op, [("logp", logp), ("grad_output", g)])
         return dispatch.call(op, device, **inputs, grad_output=g.detach().reshape(()), **kwargs)
-    if partial or not (torch.is_grad_enabled() and logp.requires_grad):
+    if partial:  # an int64 partial for exact logging: not differentiable, so computed without grad
         with torch.no_grad():
-            return dispatch.call(op, device, **inputs, partial=partial, **kwargs)
-    out: torch.Tensor = PPOLossFunction.apply(inputs["logp"], inputs["old_logp"].detach(),
-                                              inputs["advantages"].detach(), inputs["mask"], kwargs)
-    return out
+            return dispatch.call(op, device, **inputs, partial=True, **kwargs)
+    constants = [n for n in ("old_logp", "advantages") if inputs[n].requires_grad]
+    if torch.is_grad_enabled() and constants:  # never detached silently: the backward is for logp only
+        raise dispatch.BackwardNotDefined(
+            f"rlkernel.ops.ppo_loss: the backward is defined for logp only, and {', '.join(constants)} "
+            f"{'requires' if len(constants) == 1 else 'require'} grad (grad mode is on). They are constants of "
+            f"the PPO objective: pass {constants[0]}.detach(), or compute the forward only under torch.no_grad() "
+            f"or torch.inference_mode()"
+        )
+    if torch.is_grad_enabled() and logp.requires_grad:
+        out: torch.Tensor = PPOLossFunction.apply(inputs["logp"], inputs["old_logp"], inputs["advantages"],
+                                                  inputs["mask"], kwargs)
+        return out
+    return dispatch.call(op, device, **inputs, partial=False, **kwargs)

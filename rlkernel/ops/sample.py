@@ -69,6 +69,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     Returns
     -------
     Tensor, int64, [B]
+        Token ids: not differentiable; computed without grad even when logits require grad.
 
     Raises
     ------
@@ -114,5 +115,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     _check_values(op, "top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)")
     _check_values(op, "top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)")
     _check_values(op, "position", pos_t < 0, pos_t, "a token position >= 0")
-    return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
-                         seed=seed_t, position=pos_t)
+    with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
+        return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
+                             seed=seed_t, position=pos_t)
