@@ -40,8 +40,7 @@ def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
     return out
 
 
-#: rope_tables takes no tensors (host tables); until its contract cases exist it is walked here
-GOLDEN = _golden() + [("rope_tables", "rope_tables/explicit", lambda: {"max_position": 9, "head_dim": 8})]
+GOLDEN = _golden()
 
 
 def _map(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

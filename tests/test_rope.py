@@ -11,10 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlkernel.backends.generic.rope import rope as generic_rope
+from rlkernel.conformance.cases import op_of, reference_of
 from rlkernel.contracts import rope as contract
+from rlkernel.contracts._contract import as_tensors
 from rlkernel.contracts._gen import special_values
 from rlkernel.dispatch import use_backend
 from rlkernel.ops.rope import clear_table_cache, rope, rope_tables
+from rlkernel.public import public_op
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -147,10 +150,12 @@ def test_generic_equals_reference_bits(inputs: tuple[torch.Tensor, torch.Tensor,
 def test_cases_match_reference(case) -> None:  # type: ignore[no-untyped-def]
     if case.full_only:
         pytest.skip("full_only case: run by `rlkernel conformance --full`")
-    expected = contract.reference(**case.make())
+    op = op_of(contract, case)  # rope, or the public tables rope_tables / rope_table_rows
+    expected = reference_of(contract, op)(**case.make())
     with use_backend("cpu"):
-        actual = rope(**case.make())
-    assert_same_bits(expected, actual, case.name)
+        actual = public_op(op)(**case.make())
+    for e, a in zip(as_tensors(expected), as_tensors(actual), strict=True):
+        assert_same_bits(e, a, f"{op} {case.name}")
 
 
 @pytest.mark.parametrize("case", contract.invariance_cases(), ids=lambda c: c.name)
