@@ -183,7 +183,8 @@ def test_position_zero_is_identity_and_two_d_form() -> None:
         ({"x": [1.0], "positions": torch.zeros(1, dtype=torch.int64)}, TypeError, "x must be a torch.Tensor"),
         ({"x": torch.ones(2, 4, dtype=torch.float64), "positions": torch.zeros(2, dtype=torch.int64)}, TypeError,
          "float64"),
-        ({"x": torch.ones(2, 4), "positions": torch.zeros(2, dtype=torch.int32)}, TypeError, r"positions.long\(\)"),
+        ({"x": torch.ones(2, 4), "positions": torch.zeros(2, dtype=torch.int16)}, TypeError,
+         "positions has dtype int16; expected one of int64, int32"),
         ({"x": torch.ones(2, 1, 2, 4), "positions": torch.zeros(2, dtype=torch.int64)}, ValueError,
          r"\[T, n_heads, D\] or \[T, D\]"),
         ({"x": torch.ones(2, 4), "positions": torch.zeros(3, dtype=torch.int64)}, ValueError, "T = x.shape"),
@@ -198,6 +199,12 @@ def test_position_zero_is_identity_and_two_d_form() -> None:
 def test_bad_inputs(kwargs, error, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error, match=match):
         rope(**kwargs)
+
+
+def test_int32_positions_give_the_bits_of_int64_positions() -> None:
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((4, 2, 16))).to(torch.bfloat16)
+    positions = torch.tensor([7, 0, 40000, 7])
+    assert_same_bits(rope(x, positions), rope(x, positions.int()), "int32 positions")
 
 
 def test_accuracy_against_float64() -> None:

@@ -62,5 +62,5 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
                              f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
                              f"vocabulary size against the embedding table")
-    out = dispatch.call(op, device, ids=flat, weight=weight)
+    out = dispatch.call(op, device, ids=flat.to(torch.int64), weight=weight)  # kernels receive int64 ids
     return out.reshape(*ids.shape, hidden)

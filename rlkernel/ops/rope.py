@@ -158,7 +158,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
         Queries or keys of T tokens (a packed batch: tokens of any sequences, in any order);
         D even. A ``[T, D]`` input is one head per token. Non-contiguous views (q/k slices of
         a fused qkv projection) are accepted (read through a contiguous copy).
-    positions : Tensor, int64, [T], on x's device
+    positions : Tensor, int64 or int32, [T], on x's device
         Position of each token in its sequence, in [0, 2**24).
     theta : float
         RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
@@ -170,7 +170,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     Raises
     ------
     TypeError
-        Not tensors, unsupported dtypes (positions must be int64), theta not a number.
+        Not tensors, unsupported dtypes (positions must be int64 or int32), theta not a number.
     ValueError
         Bad shapes, odd D, positions outside [0, 2**24), devices differ, theta not > 0.
 
@@ -187,9 +187,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     v.tensor(op, "x", x)
     v.tensor(op, "positions", positions)
     v.dtype(op, "x", x, v.FLOATS)
-    if positions.dtype != torch.int64:
-        raise TypeError(f"{op}: positions has dtype {str(positions.dtype).replace('torch.', '')}; expected int64. "
-                        f"Cast it with positions.long()")
+    v.dtype(op, "positions", positions, (torch.int64, torch.int32))
     v.ndim(op, "x", x, (2, 3), "[T, n_heads, D] or [T, D]")
     v.ndim(op, "positions", positions, 1, "[T], one position per token")
     if positions.shape[0] != x.shape[0]:
@@ -206,4 +204,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
                              f"Positions are per sequence; reset them at each sequence start")
         rows = hi + 1
     cos, sin = _tables(head_dim, float(theta), device, rows)
-    return dispatch.call(op, device, x=v.contiguous(x), positions=positions, cos=cos, sin=sin)
+    return dispatch.call(op, device, x=v.contiguous(x), positions=v.contiguous(positions.to(torch.int64)), cos=cos,
+                         sin=sin)
