@@ -221,9 +221,25 @@ def test_use_backend_restores_the_previous_choice(fakes: dict[str, Backend]) -> 
 def test_package_exports() -> None:
     assert callable(rlkernel.trace) and callable(rlkernel.last_kernel) and callable(rlkernel.use_backend)
     assert isinstance(rlkernel.__version__, str)
-    assert "ops" in dir(rlkernel)
+    assert "ops" in dir(rlkernel) and "rl" in dir(rlkernel)
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         rlkernel.nonexistent  # noqa: B018
+
+
+def test_every_name_rlkernel_lists_imports() -> None:
+    # dir(rlkernel) used to list nn and model, whose import raised ModuleNotFoundError.
+    import subprocess
+
+    code = ("import importlib, rlkernel\n"
+            "for name in dir(rlkernel):\n"
+            "    getattr(rlkernel, name)\n"
+            "for name in rlkernel._LAZY:\n"
+            "    importlib.import_module(f'rlkernel.{name}')\n"
+            "for name in rlkernel.__all__:\n"
+            "    assert name in dir(rlkernel), name\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert rlkernel.KernelNotFound is KernelNotFound and rlkernel.BackwardNotDefined is dispatch.BackwardNotDefined
 
 
 def test_info_lists_per_device_which_backend_serves_which_ops(fakes: dict[str, Backend],
