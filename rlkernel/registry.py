@@ -38,6 +38,9 @@ ENV = "RLKERNEL_BACKEND"
 
 _backends: dict[str, Backend] | None = None
 _probes: dict[str, tuple[bool, str]] = {}
+#: (op, device type) -> backend chosen by default, valid while _facts() is unchanged
+_chosen: dict[tuple[str, str], Backend] = {}
+_chosen_for: tuple[object, ...] = ()
 
 
 def _load(target: str) -> type[Backend]:
@@ -228,6 +231,13 @@ def backend_for(device_type: str, forced: str | None = None, source: str | None 
     return candidates[0]
 
 
+def _facts() -> tuple[object, ...]:
+    """What a default choice depends on: the backends, their probes, device types and priorities."""
+    backends = all_backends()
+    return (id(backends), tuple(_probes.items()),
+            tuple((b.name, b.device_types, b.priority, len(b.kernels)) for b in backends.values()))
+
+
 def select(op: str, device_type: str, forced: str | None = None, source: str | None = None) -> Backend:
     """The backend that runs ``op`` on ``device_type`` tensors (module docstring: the rule).
 
@@ -261,11 +271,20 @@ def select(op: str, device_type: str, forced: str | None = None, source: str | N
                 f"{others or 'none'}. A forced backend never falls through to another. {_undo_hint(source)}"
             )
         return backend
+    global _chosen_for
+    facts = _facts()
+    if facts != _chosen_for:  # a backend, probe, device type or priority changed (tests patch them)
+        _chosen.clear()
+        _chosen_for = facts
+    cached = _chosen.get((op, device_type))
+    if cached is not None:
+        return cached
     candidates = default_backends(device_type)
     if not candidates:
         raise _nobody_serves(device_type)
     for backend in candidates:
         if backend.has(op):
+            _chosen[(op, device_type)] = backend
             return backend
     others = backends_with(op)
     raise KernelNotFound(

@@ -159,6 +159,18 @@ def test_errors_name_the_forcing_the_user_used(fakes: dict[str, Backend], monkey
         dispatch.call("triple", torch.device("cpu"), x=torch.ones(2))
 
 
+def test_the_per_op_choice_follows_probe_and_device_changes(fakes: dict[str, Backend]) -> None:
+    # the default choice is cached per (op, device type); a changed probe or device list must show
+    assert registry.select("double", "cpu").name == "fakecpu"
+    registry._probes["fakecpu"] = (False, "driver gone")  # in place, as tests and tools do
+    assert registry.select("double", "cpu").name == "slowcpu"
+    fakes["fakegpu"].device_types = ("meta", "cpu")  # type: ignore[misc]
+    registry._probes["fakegpu"] = (True, "now usable")
+    assert registry.select("triple", "cpu").name == "slowcpu"  # priority 20 beats fakegpu's 100
+    registry._probes["slowcpu"] = (False, "driver gone")
+    assert registry.select("triple", "cpu").name == "fakegpu"
+
+
 def test_serving_table_shows_which_backend_runs_each_op(fakes: dict[str, Backend]) -> None:
     table = registry.serving_table()
     assert table == {"cpu": {"double": "fakecpu", "double_path": "fakecpu", "triple": "slowcpu"}}
