@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -263,3 +264,17 @@ def test_info_lists_per_device_which_backend_serves_which_ops(fakes: dict[str, B
     section = out[out.index("dispatch (per op"):out.index("contracts:")].splitlines()
     assert section[1:] == ["  cpu:", "    fakecpu    double, double_path", "    slowcpu    triple"]
     assert "  rms_norm " in out  # the contracts are still listed (imported lazily by the command)
+
+
+def test_cli_names_the_backend_flag_the_user_passed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # `rlkernel conformance --backend cuda` on a CPU-only torch printed "RLKERNEL_BACKEND='cuda' is not usable"
+    if torch.version.cuda is not None:
+        pytest.skip("this torch has CUDA; the message under test is for a CPU-only torch")
+    from rlkernel import cli
+
+    monkeypatch.delenv("RLKERNEL_BACKEND", raising=False)
+    assert cli.main(["conformance", "--backend", "cuda", "--op", "rms_norm", "--out", str(tmp_path)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--backend cuda: backend 'cuda' is not usable here" in err and "RLKERNEL_BACKEND" not in err
+    assert "install a CUDA build of torch" in err and "rlkernel[cuda]" not in err

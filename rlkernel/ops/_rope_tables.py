@@ -106,13 +106,11 @@ def _split(value: Decimal, pieces: int, bits: int) -> list[float]:
         if exact == 0:
             out.append(0.0)
             continue
-        _, exponent = math.frexp(float(exact))  # |exact| in [2**(e-1), 2**e), up to float64's rounding
+        _, exponent = math.frexp(float(exact))  # |exact| < 2**exponent (float rounding can only raise it)
         scale = Fraction(2) ** (bits - exponent)
-        piece = Fraction(round(exact * scale)) / scale  # <= bits + 1 significant bits if rounding carried
-        if abs(piece.numerator).bit_length() > bits:
-            scale /= 2
-            piece = Fraction(round(exact * scale)) / scale
-        out.append(float(piece))  # exact: at most `bits` significant bits
+        # |round(exact * scale)| <= 2**bits: at most `bits` significant bits (2**bits itself has one)
+        piece = Fraction(round(exact * scale)) / scale
+        out.append(float(piece))  # exact
         exact -= piece
     return out
 
