@@ -26,7 +26,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 # Subpackages loaded on first access, so `import rlkernel` stays cheap and an op module
 # that imports `rlkernel` back cannot form an import cycle. Only what exists: a name listed
-# here shows in dir(rlkernel) and must import (nn and model are planned, DESIGN §3).
+# here shows in dir(rlkernel) and must import (nn and model are planned, docs/design.md).
 _LAZY = ("ops", "rl")
 
 __all__ = ["BackwardNotDefined", "KernelNotFound", "__version__", "last_kernel", "ops", "rl", "trace", "use_backend"]

@@ -1,6 +1,6 @@
 """Host constants (R8) the product computes itself: RoPE tables and the attention default scale.
 
-The product never imports the reference (DESIGN §3): these are second implementations, checked
+The product never imports the reference (docs/design.md): these are second implementations, checked
 here against the contract's and against high-precision math, and conformance cases pin their
 bits, so a product-side mistake fails the suite (shown here by planting one).
 """

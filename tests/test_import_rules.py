@@ -1,4 +1,4 @@
-"""The layer rules of DESIGN §3, enforced by import-linter on a staged tree (.ci/lint_imports.py):
+"""The layer rules of docs/design.md, enforced by import-linter on a staged tree (.ci/lint_imports.py):
 the product never imports the reference, and each rule fails on a planted import."""
 
 from __future__ import annotations
