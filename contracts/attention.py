@@ -23,21 +23,26 @@ import torch
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
 from rlkernel.contracts._exact.digits import digit_matmul, int_matmul, nonfinite_rows, row_exponent, to_grid
 from rlkernel.contracts._exact.fixed import quantize
-from rlkernel.contracts._exact.fp32 import int_to_fp32, ldexp_c, max_r5, round_to
+from rlkernel.contracts._exact.fp32 import expo, int2_to_float, int_to_float, max_r5, round_to
 from rlkernel.contracts._exact.transcendental import exp_c
 from rlkernel.contracts._gen import integers, normal, seed_of, special_values, with_outlier_channels
 
-#: Fraction bits of the probability grid: ``L`` counts ``p`` in units of 2**-20; ``R <= 2**20``.
-P_BITS = 20
+#: Fraction bits of the probability grid: ``L`` counts ``p`` in units of 2**-40; ``R <= 2**40``.
+P_BITS = 40
+#: ``R = R_hi * 2**R_SPLIT + R_lo`` with ``0 <= R_lo < 2**20``, ``R_hi <= 2**20``: two limbs of O.
+R_SPLIT = 20
 #: Magnitude bits of a V row on its own grid (P5): ``|Vint| <= 2**20``.
 V_BITS = 20
-#: Most keys one query may attend: ``|O| <= lk * 2**20 * 2**20 < 2**63``.
+#: Most keys one query may attend: ``L <= lk * 2**40`` and each limb ``|O_x| <= lk * 2**40`` stay
+#: below 2**63.
 MAX_KEYS = 1 << 22
+#: The reference max is at most this many nats below the row max (keeps exp_c(m - ref) finite).
+MAX_GAP = 64.0
 
 CONTRACT = Contract(
     name="attention",
-    version=1,
-    summary=("out_i = RN(ldexp(sum_j R_ij Vint_j, E_i - 40) / ldexp(sum_j RNE(p_ij 2**20), -20)), "
+    version=2,
+    summary=("out_i = RN(RN32(sum_j R_ij Vint_j 2**(E_i - 60)) / RN32(sum_j RNE(p_ij 2**40) 2**-40)), "
              "p_ij = exp_c(s_ij - max_j s_ij), s_ij = RN32(digit_dot(q_i, k_j) * scale); causal bottom-right"),
     invariances=("batch", "permutation", "chunking", "prefill_decode", "kv_split", "repeat"),
     dtypes={
@@ -114,25 +119,36 @@ def _rows_attention(s: torch.Tensor, allowed: torch.Tensor, ev: torch.Tensor, vz
         return torch.full((lq, d), float("nan"), dtype=torch.float32)
     neg_inf = torch.full_like(s, float("-inf"))
     m = max_r5(torch.where(allowed, s, neg_inf), dim=1)  # R5 over the allowed keys
-    p = exp_c(s - m.unsqueeze(1))  # fp32 subtraction, contract exp
+    # The reference max: the max over the allowed keys whose V row is not all zero (keys with a
+    # zero value add nothing to the numerator, e.g. an attention sink with a zero value vector),
+    # but at most 64 nats below m. Probabilities are taken relative to it.
+    contrib = allowed & ~vzero.unsqueeze(0)
+    c = max_r5(torch.where(contrib, s, neg_inf), dim=1)
+    ref = torch.maximum(c, m - MAX_GAP)  # fp32 subtraction; NaN propagates
+    p = exp_c(s - ref.unsqueeze(1))  # fp32 subtraction, contract exp
     p = torch.where(allowed, p, torch.zeros_like(p))
     bad = (torch.isnan(p) & allowed).any(dim=1) | (vbad.unsqueeze(0) & allowed).any(dim=1)
     p = torch.where(torch.isnan(p), torch.zeros_like(p), p)
+    # Denominator grid: 2**(e_l - 40), e_l = expo(exp_c(m - ref)) (1 when ref = m): every p <= 2**e_l.
+    top = exp_c(m - ref)
+    e_l = torch.where(torch.isfinite(top), expo(torch.where(torch.isfinite(top), top, torch.ones_like(top))),
+                      torch.ones_like(m, dtype=torch.int64))
 
     # E_i: max V row exponent over the allowed rows that are not all zero (0 if there are none).
-    contrib = allowed & ~vzero.unsqueeze(0)
     floor = torch.full((lq, lk), -(1 << 30), dtype=torch.int64)
     e_big = torch.where(contrib, ev.unsqueeze(0).expand(lq, lk), floor).amax(dim=1)
     e_row = torch.where(contrib.any(dim=1), e_big, torch.zeros_like(e_big))
 
-    # R_ij = RNE(p_ij * 2**(20 + e_j - E_i)); zero rows (Vint = 0) get R = 0 (they add nothing).
+    # R_ij = RNE(p_ij * 2**(40 + e_j - E_i)) (p_ij <= 1 on these rows); zero rows get R = 0.
     e_safe = torch.where(contrib, e_row.unsqueeze(1) - ev.unsqueeze(0), torch.zeros((lq, lk), dtype=torch.int64))
     r = torch.where(contrib, quantize(p, e_safe, P_BITS), torch.zeros((lq, lk), dtype=torch.int64))
-    total = quantize(p, torch.zeros((lq, lk), dtype=torch.int64), P_BITS).sum(dim=1)  # L_i, int64
-    o = int_matmul(r, vint.T)  # O_i = sum_j R_ij Vint_j, exact int64 [lq, D]
+    total = quantize(p, e_l.unsqueeze(1).expand(lq, lk), P_BITS).sum(dim=1)  # L_i, int64
+    # O_i = sum_j R_ij Vint_j, exact, as two int64 limbs: O = O_hi * 2**20 + O_lo
+    o_hi = int_matmul(r >> R_SPLIT, vint.T)
+    o_lo = int_matmul(r & ((1 << R_SPLIT) - 1), vint.T)
 
-    num = ldexp_c(int_to_fp32(o), (e_row - 2 * V_BITS).unsqueeze(1))
-    den = ldexp_c(int_to_fp32(total), torch.full_like(total, -P_BITS))
+    num = int2_to_float(o_hi, o_lo, R_SPLIT, (e_row - V_BITS - P_BITS).unsqueeze(1), torch.float32)
+    den = int_to_float(total, e_l - P_BITS, torch.float32)
     out = num / den.unsqueeze(1)  # IEEE fp32 division
     return torch.where(bad.unsqueeze(1), torch.full_like(out, float("nan")), out)
 
@@ -185,19 +201,36 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
        k row j (each on its own 21-bit grid from its own max exponent over D; the integer dot
        product exact; ``ldexp_c(int_to_fp32(C), eq + ek - 40)``). A q or k row holding NaN or
        inf gives NaN scores.
-    3. ``m_i = max_{j in A_i} s_ij`` (R5: NaN propagates).
-    4. ``p_ij = exp_c(RN32(s_ij - m_i))`` (contract exp, P6), in [0, 1].
+    3. ``m_i = max_{j in A_i} s_ij`` (R5: NaN propagates); ``c_i`` = the R5 max over the allowed
+       keys whose V row is not all zero (-inf if none); the reference max
+       ``ref_i = max(c_i, RN32(m_i - 64))``. (A key with a zero value vector, such as an
+       attention sink with a zero value, adds nothing to the numerator, so the probabilities are
+       measured from the largest key that does.)
+    4. ``p_ij = exp_c(RN32(s_ij - ref_i))`` (contract exp, P6): in [0, 1] on the keys with a
+       non-zero V row, up to ``e**64`` on zero-value keys above them.
     5. V row j (per KV head): ``e_j = expo(max_d |v_jd|)`` (P1) and
        ``Vint_j = RNE(v_j * 2**(20 - e_j))`` (P5 grid, ``|Vint| <= 2**20``).
        ``E_i = max e_j`` over the allowed rows that are not all zero; 0 if every allowed row is
        zero. (A zero row has ``Vint = 0``, adds nothing to ``O`` and takes no part in ``E_i``, so
        zero padding rows cost no precision.)
-    6. ``R_ij = RNE(p_ij * 2**(20 + e_j - E_i))`` (exact scaling, round half to even; 0 for zero
-       rows), ``0 <= R_ij <= 2**20``.
-    7. ``L_i = sum_{j in A_i} RNE(p_ij * 2**20)`` and ``O_i = sum_{j in A_i} R_ij * Vint_j``, exact
-       int64 (the order of the additions, blocks and splits of the keys cannot matter).
-    8. ``out_i = RN_dtype(ldexp_c(int_to_fp32(O_i), E_i - 40) ÷ ldexp_c(int_to_fp32(L_i), -20))``,
-       one IEEE fp32 division per element, then the cast (P8).
+    6. ``R_ij = RNE(p_ij * 2**(40 + e_j - E_i))`` (exact scaling, round half to even; 0 for zero
+       rows), ``0 <= R_ij <= 2**40``.
+    7. ``e_l = expo(exp_c(RN32(m_i - ref_i)))`` (1 when ``ref_i = m_i``), so every ``p_ij <= 2**e_l``;
+       ``L_i = sum_{j in A_i} RNE(p_ij * 2**(40 - e_l))`` (exact int64) and ``O_i = sum_{j in A_i} R_ij *
+       Vint_j``, the exact integer (up to 2**82: held as two int64 limbs, ``O_hi = sum (R >> 20)
+       Vint`` and ``O_lo = sum (R mod 2**20) Vint``); the order of the additions, blocks and splits
+       of the keys cannot matter.
+    8. ``out_i = RN_dtype(RN32(O_i * 2**(E_i - 60)) ÷ RN32(L_i * 2**(e_l - 40)))``: each of numerator and
+       denominator rounded once from the exact integer (P3'), one IEEE fp32 division per
+       element, then the cast (P8).
+
+    Accuracy (version 2): the 2**-40 probability grid keeps keys up to ~27.7 nats below the
+    reference max with relative precision, and the reference max ignores keys whose value is
+    zero, so an attention sink (one key 10-30 nats above the rest, with a small or a zero value
+    vector) leaves the small-weight mixture of the other keys intact. Keys more than ~27.7 nats
+    below the largest key with a non-zero value round to 0 (version 1's 2**-20 grid, relative to
+    the overall max, dropped them beyond ~14.6 nats). ``rlkernel accuracy --op attention``
+    measures it next to SDPA.
 
     Special values: ``out_i`` is NaN (canonical) when any ``p_ij`` (j in A_i) is NaN -- a q row
     or an allowed k row holding NaN/inf, or scores that overflow to +inf -- or when an allowed
@@ -211,7 +244,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
     decode gives the prefill rows), kv_split (any block size, paging, split-KV: integer
     partials add), repeat.
 
-    Contract ``attention`` version 1.
+    Contract ``attention`` version 2.
     """
     tq, hq, d = q.shape
     hkv = k.shape[1]
@@ -304,7 +337,7 @@ def reference_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Exactly the bits of :func:`reference` on the gathered contiguous keys: key ``pos`` of
     sequence b is ``k_cache[block_table[b, pos // block_size], pos % block_size]``. Slots not
     referenced (other sequences' blocks, unused slots, table padding) never influence a bit.
-    Contract ``attention`` version 1 (op ``attention_paged``).
+    Contract ``attention`` version 2 (op ``attention_paged``).
     """
     k = gather_paged(k_cache, block_table, seq_lens_k)
     v = gather_paged(v_cache, block_table, seq_lens_k)
@@ -537,6 +570,22 @@ def _adv_int64_explicit_scale() -> dict[str, Any]:
     return inp
 
 
+def _adv_sink(gap: float, value: float, dtype: torch.dtype, tag: str) -> dict[str, Any]:
+    """Key 0 of each sequence scores about ``gap`` nats above every other key for every query, and
+    its value row is ``value`` times the others (0: a zero value vector, the case where the
+    reference max is not the row max)."""
+    inputs = make_pack(f"sink_{tag}", [(20, 20), (3, 40)], 4, 2, 32, torch.float32)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    scale = 1.0 / math.sqrt(q.shape[2])
+    q[..., 0] = 2.0
+    k[..., 0] = 0.0
+    for start in (0, 20):
+        k[start] = 0.0
+        k[start, :, 0] = (gap + 3.0) / (2.0 * scale)
+        v[start] = v[start] * value
+    return {**inputs, "q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
+
+
 def adversarial_cases() -> list[Case]:
     """Outlier keys, equal scores, zero and wide-range V rows, non-finite rows, specials,
     overflowing scores, length 1, odd head dims, strided inputs, empty segments and batches,
@@ -563,6 +612,14 @@ def adversarial_cases() -> list[Case]:
 
     cases += [
         Case("outlier_channels_bf16", "adversarial", outlier_channels),
+        # attention sinks (v2): a zero-value sink 20 and 30 nats up, a small-value one 14 nats up
+        Case("sink_gap20_zero_value_bf16", "adversarial", lambda: _adv_sink(20.0, 0.0, bf16, "g20z")),
+        Case("sink_gap30_zero_value_bf16", "adversarial", lambda: _adv_sink(30.0, 0.0, bf16, "g30z")),
+        Case("sink_gap10_zero_value_fp16", "adversarial", lambda: _adv_sink(10.0, 0.0, fp16, "g10z")),
+        Case("sink_gap14_small_value_bf16", "adversarial", lambda: _adv_sink(14.0, 1e-3, bf16, "g14s")),
+        Case("sink_gap70_zero_value_bf16", "adversarial", lambda: _adv_sink(70.0, 0.0, bf16, "g70z")),
+        Case("paged_sink_gap20_zero_value_bf16_bs8", "adversarial",
+             lambda: to_paged(_adv_sink(20.0, 0.0, bf16, "pg20z"), 8, "pg20z"), op="attention_paged"),
         Case("length1_bf16", "adversarial", lambda: make_pack("length1", [(1, 1)], 4, 2, 64, bf16)),
         Case("length1_pack_fp16", "adversarial",
              lambda: make_pack("length1_pack", [(1, 1), (1, 1), (1, 1)], 8, 2, 128, fp16)),

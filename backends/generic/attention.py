@@ -5,9 +5,11 @@ most :data:`Q_TILE` rows, tiles of several sequences are batched (up to :data:`R
 padded rows), and keys are visited in blocks of :data:`KEY_BLOCK`, twice:
 
 * pass 1: scores of the block (exact digit GEMMs), running max ``m`` of the allowed scores
-  (NaN propagates), running max ``E`` of the V row exponents, non-finite V rows seen;
-* pass 2: the same scores again, ``p = exp_c(s - m)``, and integer partial sums
-  ``L += sum RNE(p 2**20)``, ``O += R @ Vint`` (digit GEMMs), added in int64.
+  (NaN propagates), running max ``c`` of the scores of keys with a non-zero V row, running max
+  ``E`` of the V row exponents, non-finite V rows seen;
+* pass 2: the same scores again, ``p = exp_c(s - ref)`` with ``ref = max(c, m - 64)``, and
+  integer partial sums ``L += sum RNE(p 2**(40 - e_l))`` and ``O += R @ Vint`` with ``R`` on the
+  2**-40 grid, split in two 20-bit limbs (``O_hi``, ``O_lo``: digit GEMMs), added in int64.
 
 Every partial is an exact integer (or an exact max), so the bits do not depend on the tile
 and block sizes, the batching of sequences, or the order of the key blocks. Digit GEMMs run on
@@ -25,7 +27,14 @@ import torch
 
 from rlkernel.backends.generic._exact.digits import grid_rows, row_exponents, split_digits
 from rlkernel.backends.generic._exact.fixed import to_fixed
-from rlkernel.backends.generic._exact.fp32 import cast_out, int64_to_f32, scale_pow2
+from rlkernel.backends.generic._exact.fp32 import (
+    cast_out,
+    exponent,
+    int64_pair_to_float,
+    int64_to_f32,
+    int64_to_float,
+    scale_pow2,
+)
 from rlkernel.backends.generic._exact.transcendental import exp_c
 
 #: Query rows per tile of one sequence.
@@ -38,9 +47,13 @@ ROW_BUDGET = 128
 KEY_BUDGET = 8192
 #: Longest reduction of one digit GEMM (keeps each level's partial sums below 2**24).
 RED_CHUNK = 1024
-#: Fraction bits of the probability grid and magnitude bits of the V grid.
-P_BITS = 20
+#: Fraction bits of the probability grid and magnitude bits of the V grid (and of q/k rows).
+P_BITS = 40
 GRID = 20
+#: R (<= 2**40) is split as R_hi * 2**R_SPLIT + R_lo, both limbs <= 2**20 (three base-128 digits).
+R_SPLIT = 20
+#: The reference max is at most this many nats below the row max.
+MAX_GAP = 64.0
 MAX_KEYS = 1 << 22
 #: Exponent stand-in of "no contributing V row" (below any real exponent).
 _NO_ROW = -(1 << 20)
@@ -181,12 +194,12 @@ def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int
     scale = torch.tensor(scale_value, dtype=torch.float32, device=dev)
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
     no_row = torch.tensor(_NO_ROW, dtype=torch.int64, device=dev)
-    p_shift = torch.zeros((), dtype=torch.int64, device=dev)
     for batch in batches:
         qs = _Queries(q, batch, q_starts, q_lens, k_lens, hkv, causal)
         k_end = max(key_end(t) for t in batch)
         shape = (qs.n, hkv, qs.group * qs.rows)
         m = torch.full(shape, float("-inf"), dtype=torch.float32, device=dev)
+        c = torch.full(shape, float("-inf"), dtype=torch.float32, device=dev)
         e_max = torch.full(shape, _NO_ROW, dtype=torch.int64, device=dev)
         v_bad = torch.zeros(shape, dtype=torch.bool, device=dev)
 
@@ -206,28 +219,35 @@ def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int
             m = torch.maximum(m, torch.where(allowed, s, neg_inf).amax(dim=-1))
             ev, vzero, vnan, _ = _v_block(vb)
             contrib = allowed & ~vzero.unsqueeze(2)
+            c = torch.maximum(c, torch.where(contrib, s, neg_inf).amax(dim=-1))
             e_max = torch.maximum(e_max, torch.where(contrib, ev.unsqueeze(2), no_row).amax(dim=-1))
             v_bad |= (allowed & vnan.unsqueeze(2)).any(dim=-1)
         m = m + 0.0  # R5: a zero max is +0
+        ref = torch.maximum(c + 0.0, m - MAX_GAP)  # the reference max (NaN propagates)
+        top = exp_c(m - ref)  # in [1, e**64]; NaN on rows that end NaN anyway
+        e_l = torch.where(torch.isfinite(top), exponent(torch.where(torch.isfinite(top), top, 1.0)), 1)
         e_row = torch.where(e_max == _NO_ROW, torch.zeros_like(e_max), e_max)
 
         total = torch.zeros(shape, dtype=torch.int64, device=dev)
-        o_acc = torch.zeros((*shape, d), dtype=torch.int64, device=dev)
+        o_hi = torch.zeros((*shape, d), dtype=torch.int64, device=dev)
+        o_lo = torch.zeros((*shape, d), dtype=torch.int64, device=dev)
         p_bad = torch.zeros(shape, dtype=torch.bool, device=dev)
         for start in range(0, k_end, step):  # pass 2: integer sums
             s, allowed, vb = block(start)
-            p = exp_c(s - m.unsqueeze(-1))
+            p = exp_c(s - ref.unsqueeze(-1))
             p = torch.where(allowed, p, 0.0)
             p_bad |= torch.isnan(p).any(dim=-1)
             ev, vzero, _, vint = _v_block(vb)
-            total += to_fixed(p, p_shift, P_BITS).sum(dim=-1)
+            total += to_fixed(p, e_l.unsqueeze(-1), P_BITS).sum(dim=-1)
             contrib = allowed & ~vzero.unsqueeze(2)
             r = to_fixed(p, torch.where(contrib, e_row.unsqueeze(-1) - ev.unsqueeze(2), 0), P_BITS)
             r = torch.where(contrib, r, 0)
-            o_acc += _level_matmul(split_digits(r), split_digits(vint))
+            vd = split_digits(vint)
+            o_hi += _level_matmul(split_digits(r >> R_SPLIT), vd)
+            o_lo += _level_matmul(split_digits(r & ((1 << R_SPLIT) - 1)), vd)
 
-        num = scale_pow2(int64_to_f32(o_acc), (e_row - 2 * GRID).unsqueeze(-1))
-        den = scale_pow2(int64_to_f32(total), torch.full_like(total, -P_BITS))
+        num = int64_pair_to_float(o_hi, o_lo, R_SPLIT, (e_row - GRID - P_BITS).unsqueeze(-1), torch.float32)
+        den = int64_to_float(total, e_l - P_BITS, torch.float32)
         o = num / den.unsqueeze(-1)  # IEEE fp32 division of two tensors
         o = torch.where((p_bad | v_bad).unsqueeze(-1), float("nan"), o)
         qs.scatter(out, cast_out(o, out_dtype))
@@ -244,7 +264,7 @@ def _host_list(t: torch.Tensor) -> list[int]:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
               cu_seqlens_k: torch.Tensor, scale: float | None = None, causal: bool = True) -> torch.Tensor:
-    """Exact attention over packed sequences (contract ``attention`` v1).
+    """Exact attention over packed sequences (contract ``attention`` v2).
 
     Parameters
     ----------

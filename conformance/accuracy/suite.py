@@ -61,14 +61,9 @@ class Measurement:
     shape: Callable[[str], str] = field(default=lambda size: "")
 
 
-_ATTN_V1 = ("contract attention v1 puts p on the absolute 2**-20 grid: keys more than ~14.6 nats below a sink "
-            "round to 0, and with a zero sink value the whole small-weight mixture is lost")
-
 #: (op, data set) -> why the rule is not met there (reported with the numbers). An entry whose
 #: data set meets the rule is stale and fails tests/test_accuracy.py.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    **{("attention", name): _ATTN_V1 for name in ("sink_gap10/value_1e-3", "sink_gap10/value_0",
-                                                   "sink_gap20/value_0", "sink_gap30/value_0")},
     ("log_softmax", "wide"): ("log_c is within 1 ulp, not correctly rounded: at log-probs near -70 the "
                               "result is 0.7 ulp (fp32) from the truth where torch's is 0.5"),
 }

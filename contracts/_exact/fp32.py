@@ -103,6 +103,31 @@ def int_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.
     return torch.where(s < 0, -mag, mag)
 
 
+def int2_to_float(hi: torch.Tensor, lo: torch.Tensor, shift: int, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """P3' for a two-limb integer: ``RN_dtype((hi * 2**shift + lo) * 2**k)`` in one rounding.
+
+    ``hi`` and ``lo`` are int64 (any signs, ``|hi| < 2**62``, ``|lo| < 2**62``), ``1 <= shift <= 40``.
+    The value is normalised to ``H * 2**shift + L`` with ``0 <= L < 2**shift`` on the magnitude;
+    while ``H < 2**(62 - shift)`` the magnitude fits int64 and :func:`int_to_float` rounds it;
+    beyond, it has at least 63 bits, every bit of L lies below the rounding position, and
+    ``H | (L != 0)`` (a sticky bit in H's last place, itself below the rounding position)
+    rounds to the same value.
+    """
+    hi, lo = hi.to(torch.int64), lo.to(torch.int64)
+    carry = lo >> shift  # floor
+    low = lo - (carry << shift)  # in [0, 2**shift)
+    top = hi + carry
+    neg = top < 0
+    big_h = torch.where(neg, torch.where(low == 0, -top, -top - 1), top)
+    big_l = torch.where(neg & (low != 0), (1 << shift) - low, low)
+    small = big_h < (1 << (62 - shift))
+    mag = torch.where(small, (big_h.clamp(max=(1 << (62 - shift)) - 1) << shift) + big_l,
+                      big_h | (big_l != 0).to(torch.int64))
+    kk = torch.where(small, k, k + shift)
+    out = int_to_float(torch.where(neg, -mag, mag), kk, dtype)
+    return out
+
+
 def canonicalize(t: torch.Tensor) -> torch.Tensor:
     """P8: replace every NaN by the canonical NaN of ``t``'s dtype (no-op for integers)."""
     if not t.is_floating_point():

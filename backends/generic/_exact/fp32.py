@@ -97,6 +97,29 @@ def int64_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torc
     return torch.where(s < 0, -out, out)
 
 
+def int64_pair_to_float(hi: torch.Tensor, lo: torch.Tensor, shift: int, k: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """``(hi * 2**shift + lo) * 2**k`` rounded once to ``dtype`` (|hi|, |lo| < 2**62, 1 <= shift <= 40).
+
+    The magnitude is carried as ``top * 2**shift + low`` with ``0 <= low < 2**shift``. While it fits
+    in 62 bits it is rounded whole; beyond, the rounding position lies above bit ``shift`` of it,
+    so ``low`` only decides the sticky bit, folded into ``top``'s last bit.
+    """
+    carry = lo >> shift  # arithmetic shift: floor division
+    low = lo - (carry << shift)
+    top = hi + carry
+    neg = top < 0
+    borrow = neg & (low != 0)
+    top = torch.where(neg, -top - borrow.to(torch.int64), top)
+    low = torch.where(borrow, (1 << shift) - low, low)
+    fits = top < (1 << (62 - shift))
+    whole = (torch.where(fits, top, torch.zeros_like(top)) << shift) + low
+    sticky = top | (low != 0).to(torch.int64)
+    mag = torch.where(fits, whole, sticky)
+    out = int64_to_float(torch.where(neg, -mag, mag), torch.where(fits, k, k + shift), dtype)
+    return out
+
+
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     """Replace NaNs by the dtype's canonical NaN (fp32 0x7FC00000, bf16 0x7FC0, fp16 0x7E00)."""
     if not t.is_floating_point():
