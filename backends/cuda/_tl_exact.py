@@ -178,6 +178,30 @@ def int64_to_out(s, k, OUT: tl.constexpr):
     return tl.where(neg, -out, out)
 
 
+@triton.jit
+def int2_to_out(hi, lo, SHIFT: tl.constexpr, k, OUT: tl.constexpr):
+    """P3' of a two-limb integer: ``(hi * 2**SHIFT + lo) * 2**k`` rounded once to format ``OUT``
+    (as fp32); int64 ``|hi|, |lo| < 2**62``, ``1 <= SHIFT <= 40``.
+
+    The magnitude is carried as ``top * 2**SHIFT + low`` (``0 <= low < 2**SHIFT``); while it fits
+    in 62 bits it is rounded whole, beyond that ``low`` lies below the rounding position and
+    only sets the sticky bit, folded into ``top``'s last bit.
+    """
+    hi = hi.to(tl.int64)
+    lo = lo.to(tl.int64)
+    carry = lo >> SHIFT
+    low = lo - (carry << SHIFT)
+    top = hi + carry
+    neg = top < 0
+    borrow = neg & (low != 0)
+    top = tl.where(neg, -top - borrow.to(tl.int64), top)
+    low = tl.where(borrow, (1 << SHIFT) - low, low)
+    fits = top < (1 << (62 - SHIFT))
+    whole = (tl.where(fits, top, 0) << SHIFT) + low
+    mag = tl.where(fits, whole, top | (low != 0).to(tl.int64))
+    return int64_to_out(tl.where(neg, -mag, mag), tl.where(fits, k, k + SHIFT), OUT)
+
+
 # --------------------------------------------------------------------------------------------
 # fixed-point grid (P4)
 # --------------------------------------------------------------------------------------------

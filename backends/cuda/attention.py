@@ -1,4 +1,4 @@
-"""``attention`` and ``attention_paged`` on Triton (contract ``attention`` v1, docs/numerics.md R4a).
+"""``attention`` and ``attention_paged`` on Triton (contract ``attention`` v2, docs/numerics.md R4a).
 
 One program per (block of BLOCK_M packed rows, sequence, KV head): the rows are (query token,
 query head) pairs of the query heads that share the KV head (GQA packing), so each key/value
@@ -10,13 +10,16 @@ dim) is one tile, so every row exponent (of a q, k or v row) is exact:
 - scores: q and k rows on their own 21-bit grids, three base-128 int8 digits each, nine
   ``tl.dot(int8, int8, out_dtype=int32)`` into five level accumulators, folded exactly into
   int64, ``ldexp_c(int_to_fp32(C), eq + ek - 40)`` (NaN for non-finite rows), ``RN32(y * scale)``;
-- pass 1 over the allowed keys: the R5 row max ``m_i`` (integer order keys + NaN flag), and
-  ``E_i`` = max exponent of the allowed non-zero V rows (and whether an allowed V row is
-  non-finite);
-- pass 2: scores again, ``p = exp_c(s - m)``; ``L += RNE(p * 2**20)`` (int64) and
-  ``R = RNE(p * 2**(20 + e_j - E_i))``; ``O += R @ Vint`` as nine int8 digit products (R and
-  Vint both <= 2**20 in magnitude), folded into int64 per key tile;
-- ``out = ldexp_c(int_to_fp32(O), E - 40) ÷ ldexp_c(int_to_fp32(L), -20)`` (IEEE division), cast.
+- pass 1 over the allowed keys: the R5 row max ``m_i`` (integer order keys + NaN flag), the max
+  ``c_i`` over the allowed keys with a non-zero V row, and ``E_i`` = max exponent of those V rows
+  (and whether an allowed V row is non-finite); the reference max ``ref = max(c, m - 64)`` and
+  ``e_l = expo(exp_c(m - ref))``;
+- pass 2: scores again, ``p = exp_c(s - ref)``; ``L += RNE(p * 2**(40 - e_l))`` (int64) and
+  ``R = RNE(p * 2**(40 + e_j - E_i))``, split ``R = R_hi * 2**20 + R_lo``; ``O_hi += R_hi @ Vint``
+  and ``O_lo += R_lo @ Vint`` as nine int8 digit products each (every factor <= 2**20 in
+  magnitude), folded into int64 per key tile;
+- ``out = RN32((O_hi * 2**20 + O_lo) * 2**(E - 60)) ÷ RN32(L * 2**(e_l - 40))`` (each rounded once,
+  IEEE division), cast.
 
 Every sum is an integer sum, so the key tiling (BLOCK_N), the paging (block size) and the
 position of a sequence in the batch cannot change a bit. ``attention_paged`` reads keys through
@@ -120,6 +123,7 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
 
         # ---- pass 1: R5 max of the scores, E = max V exponent, non-finite V rows -------------
         best = tl.full([BLOCK_M], -2147483647, tl.int32)
+        best_c = tl.full([BLOCK_M], -2147483647, tl.int32)
         nanf = tl.zeros([BLOCK_M], tl.int32)
         e_big = tl.full([BLOCK_M], -1073741824, tl.int32)
         vbad_any = tl.zeros([BLOCK_M], tl.int32)
@@ -145,15 +149,23 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             vbad = tl.max((~fin).to(tl.int32), axis=1) != 0
             ev = E.expo_from_abs_bits(vtop)
             contrib = allowed & (vtop != 0)[None, :]
+            best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
             e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
             vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
         m = E.key_to_f32(best)
         m = tl.where(nanf != 0, E.canonical_nan_f32(m), m)
+        # the reference max: the largest key with a non-zero V row, at most 64 nats below m
+        c_max = tl.where(best_c == -2147483647, float("-inf"), E.key_to_f32(best_c))
+        ref = tl.maximum(c_max, m - 64.0)
+        ref = tl.where(m != m, m, ref)  # NaN propagates
+        top = E.exp_c(m - ref)
+        e_l = tl.where(E.is_finite(top), E.expo_f32(tl.where(E.is_finite(top), top, 1.0)), 1)
         e_row = tl.where(e_big == -1073741824, 0, e_big)
 
-        # ---- pass 2: p = exp_c(s - m); L and O as exact integer sums ---------------------------
+        # ---- pass 2: p = exp_c(s - ref); L and O as exact integer sums -------------------------
         big_l = tl.zeros([BLOCK_M], tl.int64)
-        big_o = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
+        o_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
+        o_lo = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
         for j0 in range(0, kv_end, BLOCK_N):
             pos = j0 + rn
@@ -167,7 +179,7 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
             s = y * scale
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            p = E.exp_c(s - m[:, None])
+            p = E.exp_c(s - ref[:, None])
             p = tl.where(allowed, p, 0.0)
             pnan = E.is_nan(p)
             pbad = tl.maximum(pbad, tl.max((pnan & allowed).to(tl.int32), axis=1))
@@ -176,13 +188,15 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
                                   mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
             ev, v_bad, v_zero, vd0, vd1, vd2 = _row_digits(vt, 1)
             contrib = allowed & ~v_zero[None, :]
-            r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 20), 0)
-            big_l += tl.sum(tl.where(allowed, E.to_fixed(p, 0, 20), 0), axis=1)
-            rd0, rd1, rd2 = E.split3(r.to(tl.int32))
-            big_o += _dot9(rd0, rd1, rd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+            r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 40), 0)
+            big_l += tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
+            hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
+            o_hi += _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+            ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
+            o_lo += _dot9(ld0, ld1, ld2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
 
-        num = E.ldexp_c(E.int64_to_f32(big_o), e_row[:, None] - 40)
-        den = E.ldexp_c(E.int64_to_f32(big_l), -20)
+        num = E.int2_to_out(o_hi, o_lo, 20, (e_row - 60)[:, None], 0)
+        den = E.int64_to_out(big_l, e_l - 40, 0)
         out = tl.math.div_rn(num, den[:, None])
         bad = (pbad != 0) | (vbad_any != 0)
         out = tl.where(bad[:, None], E.canonical_nan_f32(out), out)
