@@ -4,10 +4,13 @@
   names: :func:`group_advantages`, :func:`ppo_loss`, :func:`kl_k3`, :func:`masked_mean`,
   :class:`ExactMean`, ...). Everything it exports is re-exported here, so
   ``from rlkernel.rl import ppo_loss`` and ``from rlkernel import rl; rl.ExactMean()`` work.
+- :mod:`rlkernel.rl.logprobs`: the trainer's forward, :func:`packed_logprobs` of packed
+  variable-length sequences, micro-batched, bitwise equal to the rollout engine's log-probs.
 """
 
 from __future__ import annotations
 
+from rlkernel.rl.logprobs import micro_batches, packed_logprobs
 from rlkernel.rl.losses import (
     MODES,
     PARTIAL_SLOTS,
@@ -37,6 +40,8 @@ __all__ = [
     "masked_mean",
     "masked_mean_partial",
     "merge_partials",
+    "micro_batches",
+    "packed_logprobs",
     "partial_count",
     "ppo_loss",
     "ppo_loss_partial",
