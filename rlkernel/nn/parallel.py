@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from rlkernel.distributed import all_reduce_exact
 
-__all__ = ["combine_owned", "divide", "gather_cat", "max_fp32", "tp_rank_size"]
+__all__ = ["combine_owned", "divide", "from_order_key", "gather_cat", "max_fp32", "order_key", "tp_rank_size"]
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _SIGN32 = 1 << 31
@@ -124,13 +124,31 @@ def max_fp32(x: torch.Tensor, group: object) -> torch.Tensor:
     """
     if x.dtype != torch.float32:
         raise TypeError(f"max_fp32: x has dtype {x.dtype}; expected torch.float32")
+    return from_order_key(all_reduce_exact(order_key(x), "max", group))
+
+
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys that order like the fp32 values (R5): -0 and +0 share key 0, NaN is above +inf.
+
+    Parameters
+    ----------
+    x : Tensor, float32, any shape
+
+    Returns
+    -------
+    Tensor, int64, x's shape: ``bits`` for values >= +0, ``-(bits & 0x7FFFFFFF)`` for negative
+    values, the canonical NaN's bits (0x7FC00000) for every NaN.
+    """
     bits = x.contiguous().view(torch.int32).to(torch.int64)
-    bits = torch.where(torch.isnan(x).reshape(bits.shape), torch.full_like(bits, _CANONICAL_NAN32), bits)
-    key = torch.where(bits >= 0, bits, -(bits & (_SIGN32 - 1)))
-    top = all_reduce_exact(key, "max", group)
-    back = torch.where(top >= 0, top, (-top) | _SIGN32)
-    back = torch.where(back >= _SIGN32, back - (1 << 32), back)  # negative values as signed int32
-    return back.to(torch.int32).view(torch.float32)
+    bits = torch.where(torch.isnan(x), torch.full_like(bits, _CANONICAL_NAN32), bits)
+    return torch.where(bits >= 0, bits, -(bits & (_SIGN32 - 1)))
+
+
+def from_order_key(key: torch.Tensor) -> torch.Tensor:
+    """The fp32 value of an :func:`order_key` (key 0 gives +0)."""
+    bits = torch.where(key >= 0, key, (-key) | _SIGN32)
+    bits = torch.where(bits >= _SIGN32, bits - (1 << 32), bits)  # negative values as signed int32
+    return bits.to(torch.int32).view(torch.float32)
 
 
 def gather_cat(x: torch.Tensor, dim: int, group: object) -> torch.Tensor:
