@@ -154,6 +154,9 @@ def test_metadata_positions_and_slots() -> None:
     cache = KVCache.allocate(1, 8, 4, 1, 2)
     paged.validate(3, cache)
 
+    decode = AttentionMetadata.decode([3, 9], table, block_size=4)
+    assert decode.positions().tolist() == [2, 8] and decode.slot_mapping.tolist() == [5 * 4 + 2, 3 * 4 + 0]
+
     prefill = AttentionMetadata.prefill([2, 3], table, block_size=2)
     assert prefill.slot_mapping.tolist() == [10, 11, 0, 1, 14]
     assert prefill.positions().tolist() == [0, 1, 0, 1, 2]

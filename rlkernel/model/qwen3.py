@@ -14,6 +14,7 @@ tensor-parallel degree.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -158,7 +159,8 @@ class Qwen3ForCausalLM(nn.Module):
 
         cache = model.allocate_kv_cache(num_blocks, block_size)
         meta = AttentionMetadata.prefill(prompt_lens, block_tables, block_size)   # whole prompts
-        meta = AttentionMetadata.paged(query_lens, context_lens, block_tables, block_size)  # chunks, decode
+        meta = AttentionMetadata.paged(query_lens, context_lens, block_tables, block_size)  # chunks, mixed
+        meta = AttentionMetadata.decode(context_lens, block_tables, block_size)              # one token each
         hidden = model(input_ids, meta.positions(), meta, cache)
         last = hidden[meta.cu_seqlens_q[1:] - 1]                          # each sequence's last row
         next_tokens = rlkernel.ops.sample(model.compute_logits(last), ...)
@@ -186,8 +188,16 @@ class Qwen3ForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @classmethod
+    def from_pretrained(cls, path: str | Path, group: object = None, dtype: torch.dtype = torch.bfloat16,
+                        device: torch.device | str | None = None) -> Qwen3ForCausalLM:
+        """Build from a Hugging Face checkpoint directory on disk (:func:`rlkernel.model.loader.load_checkpoint`)."""
+        from rlkernel.model.loader import load_checkpoint
+
+        return load_checkpoint(path, group, dtype, device)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None = None, *, check: bool = True) -> torch.Tensor:
         """Final hidden states (after the last norm) of the batch's new tokens.
 
         Parameters
@@ -200,6 +210,11 @@ class Qwen3ForCausalLM(nn.Module):
             Packed or paged batch description.
         kv_cache : KVCache, optional
             Needed when ``meta`` writes (``slot_mapping``) or reads (paged) the cache.
+        check : bool
+            Validate the inputs, the metadata and the cache on the host first (default). An
+            engine that builds its batches itself and must not synchronise (CUDA-graph capture)
+            may pass False once its batches are known good; the ops still validate their own
+            arguments.
 
         Returns
         -------
@@ -211,7 +226,8 @@ class Qwen3ForCausalLM(nn.Module):
             Inconsistent shapes, metadata or cache (see :meth:`AttentionMetadata.validate`),
             positions outside ``[0, max_position_embeddings)``.
         """
-        self._check_inputs(input_ids, positions, meta, kv_cache)
+        if check:
+            self._check_inputs(input_ids, positions, meta, kv_cache)
         return self.model(input_ids, positions, meta, kv_cache)
 
     def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

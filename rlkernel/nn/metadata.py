@@ -71,8 +71,8 @@ def _slots(query_lens: list[int], context_lens: list[int], block_tables: torch.T
 class AttentionMetadata:
     """Batch description for one forward of :class:`~rlkernel.model.qwen3.Qwen3ForCausalLM`.
 
-    Build it with :meth:`packed`, :meth:`prefill` or :meth:`paged` (or fill the fields directly,
-    e.g. from device buffers that a CUDA graph replays).
+    Build it with :meth:`packed`, :meth:`prefill`, :meth:`paged` or :meth:`decode` (or fill the
+    fields directly, e.g. from device buffers that a CUDA graph replays).
 
     Attributes
     ----------
@@ -150,6 +150,22 @@ class AttentionMetadata:
         slots = _slots(q, c, block_tables, block_size)
         return cls(cu_seqlens_q=_cumsum(q, device), context_lens=torch.tensor(c, dtype=torch.int32, device=device),
                    block_tables=block_tables.to(device), slot_mapping=slots.to(device))
+
+    @classmethod
+    def decode(cls, context_lens: Lengths, block_tables: torch.Tensor, block_size: int,
+               device: torch.device | str | None = None) -> AttentionMetadata:
+        """One new token per sequence (a decode step): :meth:`paged` with every query length 1.
+
+        Parameters
+        ----------
+        context_lens : sequence of int or Tensor [B]
+            Tokens of each sequence including the one being fed (its position is ``context_len - 1``).
+        block_tables : Tensor, int, [B, max_blocks]
+        block_size : int
+        device : torch.device or str, optional
+        """
+        c = _lengths("context_lens", context_lens)
+        return cls.paged([1] * len(c), c, block_tables, block_size, device)
 
     # ------------------------------------------------------------------ facts
     @property
