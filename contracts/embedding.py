@@ -183,15 +183,18 @@ def _native(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B token embedding (vocab 151936, hidden 4096, bf16): decode to prefill batches."""
-    vocab, hidden = 151936, 4096
+    """Token embedding (vocab 151936, bf16). large: Qwen3-8B (hidden 4096), 1, 64, 8192 tokens;
+    small: Qwen3-0.6B (hidden 1024), 1 and 64 tokens."""
+    vocab = 151936
     cases = []
-    for n in (1, 64, 8192):
-        def make(device: torch.device, n: int = n) -> dict[str, Any]:
-            block = normal(_seed("bench", "w"), (64, hidden), 0.02, BF16).to(device)
-            weight = block.repeat(vocab // 64 + 1, 1)[:vocab].contiguous()
-            return {"ids": integers(_seed("bench", "ids", n), (n,), 0, vocab).to(device), "weight": weight}
+    for model, hidden, tokens, size in (("qwen3_8b", 4096, (1, 64, 8192), "large"),
+                                        ("qwen3_0.6b", 1024, (1, 64), "small")):
+        for n in tokens:
+            def make(device: torch.device, n: int = n, hidden: int = hidden) -> dict[str, Any]:
+                block = normal(_seed("bench", "w"), (64, hidden), 0.02, BF16).to(device)
+                weight = block.repeat(vocab // 64 + 1, 1)[:vocab].contiguous()
+                return {"ids": integers(_seed("bench", "ids", n), (n,), 0, vocab).to(device), "weight": weight}
 
-        cases.append(BenchCase(name=f"qwen3_8b_tokens{n}", make=make, native=_native, flops=0.0,
-                               bytes=float(2 * n * hidden * 2 + 8 * n)))
+            cases.append(BenchCase(name=f"{model}_tokens{n}", make=make, native=_native, flops=0.0,
+                                   bytes=float(2 * n * hidden * 2 + 8 * n), sizes=(size,)))
     return cases

@@ -258,22 +258,25 @@ def _hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> to
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B hidden norms, bf16: T in 1, 64, 2048, 8192 rows of 4096."""
-    hidden = 4096
+    """Hidden norms, bf16. large: Qwen3-8B, T in 1, 64, 2048, 8192 rows of 4096; small: Qwen3-0.6B,
+    T in 1, 64 rows of 1024."""
     cases = []
-    for rows in (1, 64, 2048, 8192):
+    shapes = [("qwen3_8b", 4096, "large", t) for t in (1, 64, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 1024, "small", t) for t in (1, 64)]
+    for model, hidden, size, rows in shapes:
 
-        def make(device: torch.device, t: int = rows) -> dict[str, Any]:
+        def make(device: torch.device, t: int = rows, hidden: int = hidden) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             x = torch.randn(t, hidden, generator=g, device=device).to(torch.bfloat16)
             w = (1.0 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(torch.bfloat16)
             return {"x": x, "weight": w, "eps": 1e-6}
 
         cases.append(BenchCase(
-            name=f"qwen3_8b_T{rows}_bf16",
+            name=f"{model}_T{rows}_bf16",
             make=make,
             native=_hf_rms_norm,
             flops=4.0 * rows * hidden,  # square, sum, scale, gain per element
             bytes=2.0 * (2 * rows * hidden + hidden),  # read x and weight, write y (bf16)
+            sizes=(size,),
         ))
     return cases

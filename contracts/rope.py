@@ -471,22 +471,26 @@ def _hf_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> to
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B query heads [T, 32, 128] bf16, T in 1, 2048, 8192, positions 0..T-1."""
-    heads, head_dim = 32, 128
+    """Query heads [T, H, 128] bf16, positions 0..T-1. large: Qwen3-8B (H = 32), T in 1, 2048, 8192;
+    small: Qwen3-0.6B (H = 16), T in 1, 64."""
+    head_dim = 128
     cases = []
-    for tokens in (1, 2048, 8192):
+    shapes = [("qwen3_8b", 32, "large", t) for t in (1, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 16, "small", t) for t in (1, 64)]
+    for model, heads, size, tokens in shapes:
 
-        def make(device: torch.device, t: int = tokens) -> dict[str, Any]:
+        def make(device: torch.device, t: int = tokens, heads: int = heads) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             x = torch.randn(t, heads, head_dim, generator=g, device=device).to(torch.bfloat16)
             return {"x": x, "positions": torch.arange(t, device=device), "theta": 1e6}
 
         elems = tokens * heads * head_dim
         cases.append(BenchCase(
-            name=f"qwen3_8b_q_T{tokens}_bf16",
+            name=f"{model}_q_T{tokens}_bf16",
             make=make,
             native=_hf_rope,
             flops=3.0 * elems,  # two products and one add per output element
             bytes=2.0 * 2 * elems + 8.0 * tokens + 2 * 4.0 * tokens * head_dim // 2,  # x, y, positions, table rows
+            sizes=(size,),
         ))
     return cases

@@ -342,7 +342,7 @@ def _native(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, seed
     return torch.multinomial(probs, 1).view(-1)
 
 
-def _bench(b: int, v: int = 151936) -> BenchCase:
+def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",)) -> BenchCase:
     def make(device: torch.device) -> dict[str, Any]:
         # Timing inputs only: torch's RNG on the device is fine here.
         g = torch.Generator(device=device).manual_seed(b)
@@ -353,12 +353,13 @@ def _bench(b: int, v: int = 151936) -> BenchCase:
                 "seed": torch.arange(b, dtype=torch.int64, device=device),
                 "position": torch.full((b,), 100, dtype=torch.int64, device=device)}
 
-    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b)
+    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes)
 
 
 def bench_cases() -> list[BenchCase]:
-    """B = 1, 64, 256 at the Qwen3 vocabulary (151936), fp32 logits, temperature 0.8.
+    """B = 1, 64, 256 (large), B = 1, 4 (small) at the Qwen3 vocabulary (151936), fp32 logits,
+    temperature 0.8.
 
     bytes = logits (fp32) + output (int64); flops = 0 (memory- and RNG-bound).
     """
-    return [_bench(b) for b in (1, 64, 256)]
+    return [_bench(1, sizes=("small", "large")), _bench(64), _bench(256), _bench(4, sizes=("small",))]

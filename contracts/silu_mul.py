@@ -199,22 +199,25 @@ def _native(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B MLP activations, bf16: T in 1, 64, 2048, 8192 rows of I = 12288."""
-    width = QWEN3_8B_INTERMEDIATE
+    """MLP activations, bf16. large: Qwen3-8B, T in 1, 64, 2048, 8192 rows of I = 12288; small:
+    Qwen3-0.6B, T in 1, 64 rows of I = 3072."""
     cases = []
-    for rows in (1, 64, 2048, 8192):
+    shapes = [("qwen3_8b", QWEN3_8B_INTERMEDIATE, "large", t) for t in (1, 64, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 3072, "small", t) for t in (1, 64)]
+    for model, width, size, rows in shapes:
 
-        def make(device: torch.device, t: int = rows) -> dict[str, Any]:
+        def make(device: torch.device, t: int = rows, width: int = width) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             gate = (2.0 * torch.randn(t, width, generator=g, device=device)).to(torch.bfloat16)
             up = torch.randn(t, width, generator=g, device=device).to(torch.bfloat16)
             return {"gate": gate, "up": up}
 
         cases.append(BenchCase(
-            name=f"qwen3_8b_T{rows}_bf16",
+            name=f"{model}_T{rows}_bf16",
             make=make,
             native=_native,
             flops=5.0 * rows * width,  # negate, exp, add, divide, multiply (exp counted once)
             bytes=2.0 * 3 * rows * width,  # read gate and up, write y (bf16)
+            sizes=(size,),
         ))
     return cases

@@ -260,9 +260,11 @@ QWEN3_VOCAB = 151936
 
 
 def make_bench_cases(op: str, native: Callable[..., Any]) -> list[BenchCase]:
-    """LM-head-shaped rows, fp32: T in 1, 64, 256, 2048 rows of the Qwen3 vocabulary (151936)."""
+    """LM-head-shaped rows of the Qwen3 vocabulary (151936), fp32: T in 1, 64, 256, 2048 (large),
+    T in 1, 4 (small)."""
     cases = []
-    for rows in (1, 64, 256, 2048):
+    large, small, both = ("large",), ("small",), ("small", "large")
+    for rows, sizes in ((1, both), (64, large), (256, large), (2048, large), (4, small)):
 
         def make(device: torch.device, t: int = rows) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
@@ -275,6 +277,7 @@ def make_bench_cases(op: str, native: Callable[..., Any]) -> list[BenchCase]:
             flops=5.0 * rows * QWEN3_VOCAB,  # max, subtract, exp, sum, divide (or log-subtract)
             bytes=4.0 * 2 * rows * QWEN3_VOCAB,  # read x, write y (fp32)
             op=op,
+            sizes=sizes,
         ))
     return cases
 

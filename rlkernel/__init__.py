@@ -1,7 +1,7 @@
 """rlkernel: bitwise-reproducible kernels for RL post-training across GPU vendors.
 
 The same inputs give the same bits on every backend, batch composition, chunking and
-tensor-parallel degree (see DESIGN.md). Public entry points:
+tensor-parallel degree (docs/design.md, docs/numerics.md). Public entry points:
 
 - :mod:`rlkernel.ops`: the functional ops (imported on first attribute access).
 - :func:`trace`, :func:`last_kernel`: which backend and kernel ran.

@@ -1,6 +1,6 @@
 """The backend interface: a small class of facts plus an op table.
 
-A backend is found by the device of the input tensors (DESIGN §4). Its class states which
+A backend is found by the device of the input tensors (docs/design.md, "Dispatch and backends"). Its class states which
 torch device types it serves, how to probe cheaply that it can run (no device
 initialisation), which kernels it has, and its verification level per architecture. Kernels
 live in per-op modules and are imported lazily on first use.

@@ -102,10 +102,13 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if result.missing_contracts:
         print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
     for r in result.records:
-        if r.failed:
+        if r.failed and r.status != "not_supported":  # those are summarised below, one entry per op
             print(f"{r.status.upper()} {r.op}/{r.case} ({r.kind}): {r.detail}")
             if r.repro:
                 print(f"  reproduce: {r.repro}")
+    if report.not_supported_line(result):
+        print(f"{report.not_supported_line(result)}: backend {result.backend} has no kernel for them "
+              f"(every case is in {paths['json']})")
     print(f"backend {result.backend} on {result.device} ({result.architecture}); reports: "
           + ", ".join(str(p) for p in paths.values()))
     if not result.records:
@@ -115,9 +118,21 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if result.records and result.ok else EXIT_FAILED
 
 
+def _bench_result(row: Any) -> str:
+    """One bench row in a few words: the ratio, or the errors."""
+    ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
+    errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
+    return f"{ratio} {errors}".strip()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Benchmark rlkernel ops against native PyTorch; write ``bench.json`` and ``bench.md``."""
+    """Benchmark rlkernel ops against native PyTorch; write ``bench.json`` and ``bench.md``.
+
+    An interrupt (Ctrl-C, SIGTERM) writes a partial report of the rows measured so far and
+    fails the command.
+    """
     from rlkernel import bench
+    from rlkernel.conformance.progress import StreamProgress
     from rlkernel.contracts import load_contracts
 
     try:
@@ -133,23 +148,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print(f"rlkernel bench: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return EXIT_USAGE
+    shapes = args.shapes or bench.default_shapes(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows_file = out / "bench.rows.jsonl"  # one line per row as it is measured: survives a time limit
+    rows_file = out / "bench.rows.jsonl"  # one line per row as it is measured: survives even a SIGKILL
     rows_file.write_text("")
 
-    def show(row: bench.BenchRow) -> None:
-        ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
-        errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
-        print(f"bench {row.op}/{row.case}: {ratio} {errors}".rstrip(), file=sys.stderr, flush=True)
+    def save(row: bench.BenchRow) -> None:
         with rows_file.open("a") as f:
             f.write(json.dumps(row.as_dict()) + "\n")
 
-    doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing, on_row=show)
+    print(f"rlkernel bench: {shapes} shapes on {device} (--shapes small|large), --repeat {args.repeat}",
+          file=sys.stderr)
+    _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
+    doc = bench.run(modules, device, args.repeat, shapes=shapes, command=["rlkernel", *sys.argv[1:]],
+                    missing=missing, on_row=save, progress=StreamProgress(sys.stderr, describe=_bench_result))
     paths = bench.write(doc, out)
     print(bench.markdown(doc), end="")
     errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])
     print(f"{len(doc['rows'])} bench cases, {errors} with errors; wrote " + ", ".join(str(p) for p in paths.values()))
+    if doc["partial"]:
+        print(f"rlkernel bench: interrupted ({doc['interrupted']}) after {len(doc['rows'])} of "
+              f"{doc['cases_planned']} cases; the report is partial", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -217,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-report", help="output directory (default: %(default)s)")
     bench.add_argument("--repeat", type=int, default=10,
                        help="timed calls per side on the CPU; on CUDA do_bench runs 10*N ms (default: %(default)s)")
+    bench.add_argument("--shapes", choices=("small", "large"),
+                       help="shape set: small (a whole CPU run in minutes) or large (the Qwen3-8B shapes of the "
+                       "H200 reports); default: small on cpu, large on an accelerator")
     bench.set_defaults(func=cmd_bench)
     return parser
 

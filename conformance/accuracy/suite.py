@@ -3,7 +3,7 @@
 A :class:`Measurement` computes one op on one named data set three ways on the device under
 test: rlkernel (the public op, whichever backend serves the device), the native PyTorch
 kernel a user would otherwise run, and the float64 truth. Each implementation's errors
-against the truth are :mod:`.metrics`; the rule (DESIGN R4, the accuracy issue) is that
+against the truth are :mod:`.metrics`; the rule (docs/numerics.md R4) is that
 rlkernel's primary metric is no larger than the native kernel's on every data set. Where a
 data set cannot be met, it is an :data:`EXCEPTIONS` entry with its reason: the suite reports
 it, it is never silently passed.

@@ -23,7 +23,7 @@ row-parallel shards exchange exact int64 partial sums, so any TP degree gives th
 calls ``rlkernel.ops.linear`` on the whole weight directly.
 
 Parameters are created frozen (``requires_grad=False``): the ops have no backward contract
-yet (DESIGN §6), so the modules are forward-only until one exists.
+yet (training backward is a later step), so the modules are forward-only until one exists.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ size, the tensor-parallel degree — and the same bits the rollout engine comput
 generating with prefill, chunked prefill and decode over the paged KV cache.
 
 Run it under ``torch.no_grad()`` (or ``inference_mode``): the ops have no backward contract
-yet (DESIGN §6), so there is no training backward through the model in this version.
+yet (training backward is a later step), so there is no backward through the model in this version.
 
 Entropy is not offered: ``-sum_v p_v log p_v`` over the vocabulary needs an exact reduction of
 its own (a ``token_entropy`` op contract, or an entropy output of ``token_logprobs``), which does
