@@ -103,7 +103,7 @@ def choose_target(backend: str | None, device: str | None, resolve: OpResolver |
     else:
         b = get_backend(backend)
         dev = default_device() if b.serves(default_device()) else torch.device(b.device_types[0])
-    chosen = backend_for(dev.type, forced=backend)
+    chosen = backend_for(dev.type, forced=backend, source="--backend" if backend else None)
     return BackendTarget(chosen.name, dev, chosen.architecture(dev), resolve)
 
 

@@ -60,6 +60,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, (ok, reason) in probes.items():
         if name not in backends:
             print(f"  {name:<10} {'usable' if ok else 'unusable':<9} ({reason})")
+    if backends:
+        _print_dispatch()
     print("contracts:")
     from rlkernel.contracts import load_contracts
 
@@ -73,6 +75,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name in missing:
         print(f"  {name:<17} (not present)")
     return EXIT_FAILED if broken else status
+
+
+def _print_dispatch() -> None:
+    """Per device type, which backend runs which op by default (per-op selection, registry)."""
+    import textwrap
+
+    from rlkernel.registry import serving_table
+
+    print("dispatch (per op: the usable backend with the lowest priority that has it; a forced backend runs "
+          "every op or raises):")
+    for device_type, ops in serving_table().items():
+        print(f"  {device_type}:")
+        by_backend: dict[str, list[str]] = {}
+        for op, name in ops.items():
+            by_backend.setdefault(name, []).append(op)
+        for name, names in by_backend.items():
+            text = textwrap.fill(", ".join(names), width=100, initial_indent=" " * 4 + f"{name:<10} ",
+                                 subsequent_indent=" " * 15)
+            print(text)
 
 
 def _sigterm_interrupts() -> None:
