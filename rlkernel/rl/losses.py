@@ -1,4 +1,6 @@
-"""``rlkernel.rl``: PPO/GRPO building blocks whose bits do not depend on hardware or batching.
+"""``rlkernel.rl.losses``: PPO/GRPO building blocks whose bits do not depend on hardware or batching.
+
+(Re-exported by :mod:`rlkernel.rl`.)
 
 Drop-in replacements for the loss-side functions of RL trainers (names from verl):
 

@@ -1,0 +1,154 @@
+"""Vocabulary-parallel token embedding and LM head (log-probabilities without full logits)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlkernel.distributed import all_reduce_exact
+from rlkernel.nn.linear import ShardId, frozen
+from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
+from rlkernel.ops import embedding, linear, token_logprobs, token_logprobs_finish, token_logprobs_partial
+
+__all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary sharded over the tensor-parallel ranks.
+
+    Parameters
+    ----------
+    num_embeddings : int
+        V, the whole vocabulary; must divide by the TP degree.
+    embedding_dim : int
+        H.
+    group : ProcessGroup, optional
+        Tensor-parallel group; None = no tensor parallelism.
+    dtype : torch.dtype
+        bfloat16 (default), float16 or float32.
+    device : torch.device or str, optional
+
+    Rank r holds rows ``[r V/tp, (r+1) V/tp)`` (``vocab_start`` .. ``vocab_end``).
+
+    Forward: ids ``[*]`` int64/int32 in ``[0, V)`` -> ``[*, H]`` (dtype). Each rank gathers the
+    rows it owns (``rlkernel.ops.embedding``) and puts +0 elsewhere; the ranks' bit patterns are
+    summed as integers (:func:`~rlkernel.nn.parallel.combine_owned`), so every rank gets the
+    embedding rows' exact bits, as with one rank.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, group: object = None,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.group = group
+        self.tp_rank, self.tp_size = tp_rank_size(group)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.shard_size = divide(num_embeddings, self.tp_size, "vocab_size")
+        self.vocab_start = self.tp_rank * self.shard_size
+        self.vocab_end = self.vocab_start + self.shard_size
+        self.weight = frozen((self.shard_size, embedding_dim), dtype, device)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.weight.weight_gatherer = self.weight_gatherer  # type: ignore[attr-defined]
+        self.weight.shard_ids = (None,)  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """Copy rows ``vocab_start .. vocab_end`` of the whole ``[V, H]`` checkpoint tensor."""
+        if tuple(loaded.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"{type(self).__name__}: the checkpoint tensor has shape {tuple(loaded.shape)}; "
+                             f"expected [vocab_size, hidden_size] = [{self.num_embeddings}, {self.embedding_dim}] "
+                             f"(check config.json's vocab_size and hidden_size)")
+        param.data.copy_(loaded.narrow(0, self.vocab_start, self.shard_size))
+
+    def weight_gatherer(self, param: nn.Parameter) -> dict[ShardId, torch.Tensor]:
+        """The whole ``[V, H]`` table (gathered over the ranks)."""
+        return {None: gather_cat(param.data, 0, self.group)}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return embedding(ids, self.weight)
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.num_embeddings:
+                raise ValueError(f"{type(self).__name__}: ids span [{lo}, {hi}]; expected token ids in [0, "
+                                 f"{self.num_embeddings}) (vocab_size)")
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.shard_size)
+        rows = embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
+        rows = torch.where(mine.unsqueeze(-1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+        return combine_owned(rows, self.group)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, rows=[{self.vocab_start}, {self.vocab_end}), "
+                f"tp={self.tp_rank}/{self.tp_size}")
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The LM head ``[V, H]`` (nn.Linear layout), vocabulary-sharded like the embedding.
+
+    Tied embeddings share the :class:`VocabParallelEmbedding`'s parameter (same shards).
+
+    Forward (= :meth:`logprobs`): ``(hidden [T, H], targets [T] int64, temperature=1.0)`` ->
+    float32 ``[T]``, ``log softmax(hidden @ W.T / temperature)[targets]``, through
+    ``rlkernel.ops.token_logprobs`` (one rank) or its vocabulary-sharded sub-ops (TP): the
+    ``[T, V]`` logits are never held whole, and every TP degree gives the one-rank bits.
+    :meth:`logits` computes the whole fp32 logits of a few rows, for sampling.
+
+    Entropy is not offered: ``-sum p log p`` over the vocabulary needs its own exact
+    reduction, which no op contract defines yet.
+    """
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
+                temperature: float = 1.0) -> torch.Tensor:
+        return self.logprobs(hidden, targets, temperature)
+
+    def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Log-probability of each target token; see the class docstring.
+
+        Parameters
+        ----------
+        hidden : Tensor, the head's dtype, [T, H]
+            Final hidden states (after the model's last norm).
+        targets : Tensor, int64, [T]
+            Token ids in ``[0, V)``.
+        temperature : float
+            Logits are divided by ``fp32(temperature)`` (> 0), as in sampling.
+
+        Returns
+        -------
+        Tensor, float32, [T]
+
+        Bitwise semantics
+        -----------------
+        Contract ``token_logprobs`` v1. Under TP: phase 1 row max per shard -> exact fp32 MAX over
+        the ranks (:func:`~rlkernel.nn.parallel.max_fp32`) -> phase 2 integer sum of
+        probabilities and the target's ``z - m`` -> int64 SUM (the target's bit pattern is owned
+        by one rank) -> ``token_logprobs_finish``: the bits of ``token_logprobs`` on the whole
+        vocabulary.
+        """
+        if self.tp_size == 1:
+            return token_logprobs(hidden, self.weight, targets, temperature)
+        row_max = token_logprobs_partial(hidden, self.weight, targets, self.vocab_start, temperature)
+        row_max = max_fp32(row_max, self.group)  # type: ignore[arg-type]
+        sum_int, target_d = token_logprobs_partial(hidden, self.weight, targets, self.vocab_start, temperature,
+                                                   row_max=row_max)
+        t = sum_int.shape[0]
+        both = torch.cat([sum_int, target_d.view(torch.int32).to(torch.int64)])
+        both = all_reduce_exact(both, "sum", self.group)
+        return token_logprobs_finish(both[:t].contiguous(), both[t:].to(torch.int32).view(torch.float32))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).
+
+        Parameters
+        ----------
+        hidden : Tensor, the head's dtype, [B, H]
+
+        Returns
+        -------
+        Tensor, float32, [B, V], identical on every rank
+
+        Bitwise semantics
+        -----------------
+        ``rlkernel.ops.linear`` with fp32 output per vocabulary shard (the P5 logits that
+        ``token_logprobs`` also uses), gathered over the ranks by copies.
+        """
+        return gather_cat(linear(hidden, self.weight, out_dtype=torch.float32), -1, self.group)

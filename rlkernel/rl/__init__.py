@@ -1,0 +1,48 @@
+"""``rlkernel.rl``: the trainer's side of RL post-training, with bits that do not depend on batching.
+
+- :mod:`rlkernel.rl.losses`: PPO/GRPO losses and exact micro-batch/rank accumulation (verl's
+  names: :func:`group_advantages`, :func:`ppo_loss`, :func:`kl_k3`, :func:`masked_mean`,
+  :class:`ExactMean`, ...). Everything it exports is re-exported here, so
+  ``from rlkernel.rl import ppo_loss`` and ``from rlkernel import rl; rl.ExactMean()`` work.
+- :mod:`rlkernel.rl.logprobs`: the trainer's forward, :func:`packed_logprobs` of packed
+  variable-length sequences, micro-batched, bitwise equal to the rollout engine's log-probs.
+"""
+
+from __future__ import annotations
+
+from rlkernel.rl.logprobs import micro_batches, packed_logprobs
+from rlkernel.rl.losses import (
+    MODES,
+    PARTIAL_SLOTS,
+    ExactMean,
+    all_reduce_partial,
+    count,
+    finish_partials,
+    group_advantages,
+    kl_k3,
+    masked_mean,
+    masked_mean_partial,
+    merge_partials,
+    partial_count,
+    ppo_loss,
+    ppo_loss_partial,
+)
+
+__all__ = [
+    "MODES",
+    "PARTIAL_SLOTS",
+    "ExactMean",
+    "all_reduce_partial",
+    "count",
+    "finish_partials",
+    "group_advantages",
+    "kl_k3",
+    "masked_mean",
+    "masked_mean_partial",
+    "merge_partials",
+    "micro_batches",
+    "packed_logprobs",
+    "partial_count",
+    "ppo_loss",
+    "ppo_loss_partial",
+]
