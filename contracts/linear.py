@@ -372,6 +372,25 @@ def _scaled_rows(name: str, rows: int, k: int, shifts: list[int], dtype: torch.d
     return (base * scale).to(dtype)
 
 
+def long_k_rows(k: int) -> dict[str, torch.Tensor]:
+    """One bf16 row of x and of weight, K = 8192 or 16384, whose exact product needs its last unit.
+
+    x = w = 255/128 first (the row max: grid value 2**20 - 2**12), then K - 3 middle values, one
+    adjusting w value, and a last product 1 * 1 (x = w = 2**-19). ``C - 1`` is an fp32 tie with
+    an even floor, so a product that loses the last 1 rounds the other way. K = 8192, middle
+    -2**-13 (low digit -64): the low digit products sum to 2**24 + 1, exact in fp32 digit GEMMs
+    over K-chunks of at most 4096 only. K = 16384, middle 255/128: the grid products sum past
+    2**53 (C - 1 = float64(C)), exact in float64 GEMMs over K-chunks of at most 8192 only.
+    """
+    middle, adjust = {8192: (-(2.0**-13), 21 * 2.0**-13), 16384: (255 / 128, 94 / 128)}[k]
+    x = torch.full((1, k), middle, dtype=torch.float64)
+    x[0, 0] = 255 / 128
+    x[0, -1] = 2.0**-19
+    w = x.clone()
+    w[0, -2] = adjust
+    return {"x": x.to(BF16), "weight": w.to(BF16)}
+
+
 def adversarial_cases() -> list[Case]:
     """Outliers, zero and non-finite rows, subnormals, extreme exponents, ties, odd shapes."""
     cases: list[Case] = []
@@ -551,23 +570,8 @@ def adversarial_cases() -> list[Case]:
     add("exponents_subnormal_rows", lambda: {"x": subnormals(BF16)["x"], "weight": subnormals(BF16)["weight"]},
         op="linear_exponents")
 
-    def long_k(k: int, middle: float, adjust: float) -> dict[str, Any]:
-        # Long same-sign reductions that need every bit of C: x = w = 255/128 first (row max, grid
-        # value 2**20 - 2**12), then k - 3 middle values, one adjusting w value, and a last product
-        # 1 * 1 (x = w = 2**-19). C - 1 is an fp32 tie with an even floor, so losing the last 1
-        # flips the rounding of the output. k = 8192, middle -2**-13 (digit -64): the low digit
-        # product sums reach 2**24 + 1, exact in fp32 digit GEMMs over K-chunks of <= 4096 only.
-        # k = 16384, middle 255/128: the grid products sum past 2**53, exact in float64 GEMMs
-        # over K-chunks of <= 8192 only.
-        x = torch.full((1, k), middle, dtype=torch.float64)
-        x[0, 0] = 255 / 128
-        x[0, -1] = 2.0**-19
-        w = x.clone()
-        w[0, -2] = adjust
-        return {"x": x.to(BF16), "weight": w.to(BF16), "out_dtype": FP32}
-
-    add("long_k8192_digit_chunk_sums", lambda: long_k(8192, -(2.0**-13), 21 * 2.0**-13))
-    add("long_k16384_f64_chunk_sums", lambda: long_k(16384, 255 / 128, 94 / 128))
+    add("long_k8192_digit_chunk_sums", lambda: {**long_k_rows(8192), "out_dtype": FP32})
+    add("long_k16384_f64_chunk_sums", lambda: {**long_k_rows(16384), "out_dtype": FP32})
     return cases
 
 
