@@ -419,21 +419,26 @@ def _tiny_temperature(name: str, temperature: float) -> dict[str, Any]:
     return _inputs(name, 6, 32, 50, torch.bfloat16, temperature)
 
 
-def _exact_logits(h: list[float], w: list[float], targets: list[int]) -> dict[str, Any]:
-    """hidden [T, 1] and weight [V, 1] in bf16 (the values must be bf16): logit z_tj = h_t * w_j exactly."""
-    return {"hidden": torch.tensor(h, dtype=torch.float64).unsqueeze(1).to(torch.bfloat16),
-            "weight": torch.tensor(w, dtype=torch.float64).unsqueeze(1).to(torch.bfloat16),
+def _exact_logits(h: list[float], w: list[float], targets: list[int], width: int = 1) -> dict[str, Any]:
+    """hidden [T, width] and weight [V, width] in bf16, zero beyond column 0 (the values must be bf16):
+    logit z_tj = h_t * w_j exactly."""
+    hidden = torch.zeros((len(h), width), dtype=torch.float64)
+    weight = torch.zeros((len(w), width), dtype=torch.float64)
+    hidden[:, 0] = torch.tensor(h, dtype=torch.float64)
+    weight[:, 0] = torch.tensor(w, dtype=torch.float64)
+    return {"hidden": hidden.to(torch.bfloat16), "weight": weight.to(torch.bfloat16),
             "targets": torch.tensor(targets, dtype=torch.int64), "temperature": 1.0}
 
 
 def _many_small_terms() -> dict[str, Any]:
-    """One logit 0 (the target) and 2**17 logits -28.125: p = exp_c(-28.125) = 0.67 * 2**-40 each.
+    """Per row one logit 0 (the target) and 2**17 logits -h_t, h_t = 26, 27, 27.875, 28.125:
+    p = exp_c(-h_t) = 5.6, 2.1, 0.86 and 0.67 times 2**-40, each 2**17 times.
 
-    On the 2**-40 grid every p counts 2**-40 and L = 1 + 2**-23 exactly, so out = -log_c(L) != 0;
-    a grid one bit coarser or finer, or truncation, leaves L = 1 (2**-41 per term is a tie at
-    1 + 2**-24 that rounds to 1) and out = 0.
+    L = 1 + 2**17 * RNE(p * 2**40) * 2**-40 = 1 + RNE(p * 2**40) * 2**-23 is exact, so
+    out = -log_c(L) shows how p was placed on the grid: a grid one bit coarser or finer, or another
+    rounding, changes L. (H = 8: beyond the Triton interpreter's work limit, which skips it.)
     """
-    return _exact_logits([28.125], [0.0] + [-1.0] * (1 << 17), [0])
+    return _exact_logits([26.0, 27.0, 27.875, 28.125], [0.0] + [-1.0] * (1 << 17), [0] * 4, width=8)
 
 
 def _wide_logits() -> dict[str, Any]:
