@@ -1,7 +1,7 @@
 """Package layout: four top-level directories installed under one ``rlkernel`` namespace.
 
 ``rlkernel/`` -> ``rlkernel``, ``contracts/`` -> ``rlkernel.contracts``, ``backends/`` ->
-``rlkernel.backends``, ``conformance/`` -> ``rlkernel.conformance`` (DESIGN §3). The package
+``rlkernel.backends``, ``conformance/`` -> ``rlkernel.conformance`` (docs/design.md, "Layers"). The package
 list is computed so new subpackages need no edit here; everything else is in pyproject.toml.
 """
 

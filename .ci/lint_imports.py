@@ -9,8 +9,10 @@ import-linter runs there with the contracts of ``[tool.importlinter]`` in pyproj
 
 A forbidden internal module that does not exist yet (``rlkernel.nn`` before anyone wrote it)
 would make import-linter abort; it is dropped from that contract with a notice, and checked
-again as soon as it exists. Finally a self-test adds a backend module that imports the
-contracts and requires import-linter to fail: a layer check that cannot fail is no check.
+again as soon as it exists. Finally a self-test plants, one at a time, a module that breaks a
+rule (a backend or an op importing the contracts, the package root importing them, an op
+reaching them through the conformance suite) and requires import-linter to fail on each: a
+layer check that cannot fail is no check.
 
 Usage: python .ci/lint_imports.py   (from the repository root, with import-linter installed)
 """
@@ -37,7 +39,21 @@ PACKAGE_DIR = {
     "rlkernel.backends": "backends",
     "rlkernel.conformance": "conformance",
 }
-SELFTEST = "rlkernel/backends/_import_linter_selftest.py"
+#: Self-test plants: (path in the staged tree, line appended to it, what it breaks). Each must be rejected.
+PLANTS = (
+    ("rlkernel/backends/_import_linter_selftest.py", "import rlkernel.contracts",
+     "a backend importing rlkernel.contracts"),
+    ("rlkernel/ops/_import_linter_selftest.py", "from rlkernel.contracts import rope",
+     "an op importing rlkernel.contracts.rope"),
+    ("rlkernel/__init__.py", "import rlkernel.contracts.attention",
+     "the package root importing rlkernel.contracts.attention"),
+    ("rlkernel/ops/_import_linter_selftest.py", "from rlkernel.conformance import runner",
+     "an op importing the conformance suite (and through it the contracts)"),
+    ("rlkernel/bench.py", "from rlkernel.contracts import load_contracts",
+     "a module other than the CLI importing rlkernel.contracts"),
+    ("rlkernel/cli.py", "from rlkernel.contracts import rope",
+     "the CLI importing a contract module (its exception is rlkernel.contracts itself)"),
+)
 
 
 def stage(dest: Path) -> None:
@@ -84,6 +100,21 @@ def lint(staged: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, "--no-cache"], cwd=staged, env=env, capture_output=True, text=True)
 
 
+def rejects(staged: Path, path: str, line: str) -> tuple[bool, str]:
+    """Plant ``line`` in ``staged/path``, lint, restore the file: ``(rejected, linter output)``."""
+    target = staged / path
+    before = target.read_text() if target.exists() else None
+    target.write_text((before or "") + f"\n{line}  # self-test: must be rejected\n")
+    try:
+        result = lint(staged)
+    finally:
+        if before is None:
+            target.unlink()
+        else:
+            target.write_text(before)
+    return result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rlkernel-imports-") as tmp:
         staged = Path(tmp)
@@ -95,14 +126,14 @@ def main() -> int:
         if result.returncode != 0:
             print("lint-imports: the layer rules are broken (see above)")
             return result.returncode
-        (staged / SELFTEST).write_text("import rlkernel.contracts  # self-test: must be rejected\n")
-        bad = lint(staged)
-        if bad.returncode == 0 or "BROKEN" not in bad.stdout:
-            print(bad.stdout + bad.stderr)
-            print("lint-imports self-test: a backend importing rlkernel.contracts was NOT rejected; "
-                  "import-linter is not seeing the mapped packages")
-            return 1
-        print("lint-imports self-test: a backend importing rlkernel.contracts is rejected, as it must be")
+        for path, line, what in PLANTS:
+            rejected, output = rejects(staged, path, line)
+            if not rejected:
+                print(output)
+                print(f"lint-imports self-test: {what} was NOT rejected; the rules (or import-linter's view "
+                      f"of the mapped packages) are broken")
+                return 1
+            print(f"lint-imports self-test: {what} is rejected, as it must be")
     return 0
 
 

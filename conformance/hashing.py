@@ -1,6 +1,6 @@
 """Canonical bytes and SHA-256 of op outputs: the only equality conformance knows.
 
-Bitwise means bitwise (DESIGN §5): two outputs are equal when their dtypes, shapes and bytes
+Bitwise means bitwise (docs/design.md, "Conformance"): two outputs are equal when their dtypes, shapes and bytes
 are equal after NaN canonicalisation (R6). Bytes are little-endian, row-major, contiguous.
 """
 

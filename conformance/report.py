@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from rlkernel.conformance.records import KINDS, RunResult
+from rlkernel.conformance.records import KINDS, Record, RunResult
 from rlkernel.environment import git_commit
 
 
@@ -33,8 +33,28 @@ def as_json(result: RunResult, command: list[str] | None = None) -> dict[str, An
     }
 
 
+def not_supported(result: RunResult) -> dict[str, list[Record]]:
+    """The ``not_supported`` records by op, in run order: a partial backend has hundreds of them,
+    which people read as one line per op (``report.json`` keeps every record)."""
+    by_op: dict[str, list[Record]] = {}
+    for r in result.records:
+        if r.status == "not_supported":
+            by_op.setdefault(r.op, []).append(r)
+    return by_op
+
+
+def not_supported_line(result: RunResult) -> str:
+    """``not supported: linear (38 cases), attention (57 cases)``, or "" when every op ran."""
+    by_op = not_supported(result)
+    if not by_op:
+        return ""
+    return "not supported: " + ", ".join(f"{op} ({len(rs)} case{'s' if len(rs) != 1 else ''})"
+                                         for op, rs in by_op.items())
+
+
 def as_markdown(result: RunResult) -> str:
-    """The ``report.md`` text: counts per op and kind, then every failure with its reproduction."""
+    """The ``report.md`` text: counts per op and kind, one line per op without kernels, then every
+    other failure with its reproduction."""
     s = result.summary()
     env = result.environment
     lines = [
@@ -61,7 +81,14 @@ def as_markdown(result: RunResult) -> str:
         lines.append(f"| {op} | {result.contract_versions.get(op, '')} | " + " | ".join(cells) + " |")
     if result.missing_contracts:
         lines += ["", "Contracts not present in this tree: " + ", ".join(result.missing_contracts)]
-    failures = [r for r in result.records if r.failed]
+    unsupported = not_supported(result)
+    if unsupported:
+        lines += ["", "## Not supported", "",
+                  f"The backend has no kernel for these ops ({s['not_supported']} cases; each counts as a failure; "
+                  "report.json lists every case):", ""]
+        for op, records in unsupported.items():
+            lines.append(f"- `{op}`: {len(records)} case{'s' if len(records) != 1 else ''}: {records[0].detail}")
+    failures = [r for r in result.records if r.failed and r.status != "not_supported"]
     if failures:
         lines += ["", "## Failures", ""]
         for r in failures:

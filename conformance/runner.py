@@ -1,6 +1,6 @@
 """The conformance runner: every case of every contract, against one target, no tolerances.
 
-Driven entirely by the contract modules (DESIGN §5): golden and adversarial cases are hashed
+Driven entirely by the contract modules (docs/design.md, "Conformance"): golden and adversarial cases are hashed
 and compared with the manifest; invariance cases compare two backend computations bit for
 bit; a backend's ``static_checks()`` adds static records. The runner returns a
 :class:`~rlkernel.conformance.records.RunResult`; reports and printing are elsewhere.
@@ -103,7 +103,7 @@ def choose_target(backend: str | None, device: str | None, resolve: OpResolver |
     else:
         b = get_backend(backend)
         dev = default_device() if b.serves(default_device()) else torch.device(b.device_types[0])
-    chosen = backend_for(dev.type, forced=backend)
+    chosen = backend_for(dev.type, forced=backend, source="--backend" if backend else None)
     return BackendTarget(chosen.name, dev, chosen.architecture(dev), resolve)
 
 

@@ -1,4 +1,4 @@
-"""Static kernel checks contributed by a backend (DESIGN §5, "Static kernel checks").
+"""Static kernel checks contributed by a backend (docs/design.md, "Conformance").
 
 The suite does not know how a backend compiles its kernels. A backend that can check its
 compiled code without the hardware (PTX/AMDGCN scanned for ``ex2.approx``, ``div.full``,

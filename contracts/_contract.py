@@ -16,7 +16,7 @@ import torch
 
 Kind = Literal["golden", "adversarial"]
 
-#: Invariance names a contract may declare (DESIGN R9).
+#: Invariance names a contract may declare (docs/numerics.md R9).
 INVARIANCES = (
     "batch",  # a row alone equals the same row inside batches of several sizes and positions
     "permutation",  # permuting the batch permutes the output and nothing else
@@ -107,12 +107,20 @@ class InvarianceCase:
     full_only: bool = False
 
 
+#: Shape sets of ``rlkernel bench --shapes``: ``large`` are the model shapes an accelerator is
+#: measured on (Qwen3-8B, the H200 reports); ``small`` keep a whole CPU run within minutes.
+BENCH_SIZES = ("small", "large")
+
+
 @dataclass(frozen=True)
 class BenchCase:
     """A benchmark shape: ``make(device)`` builds the inputs on ``device``.
 
     ``native`` is the plain PyTorch op computing the same function (the baseline the ratio is
     taken against); ``flops`` and ``bytes`` are the declared work formulas for the roofline.
+    ``sizes`` names the shape sets (:data:`BENCH_SIZES`) the case belongs to: ``("large",)``
+    unless a contract says otherwise; a shape cheap enough for a CPU and still realistic
+    belongs to both.
     """
 
     name: str
@@ -121,6 +129,13 @@ class BenchCase:
     flops: float
     bytes: float
     op: str | None = None
+    sizes: tuple[str, ...] = ("large",)
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.sizes if s not in BENCH_SIZES]
+        if unknown or not self.sizes:
+            raise ValueError(f"bench case {self.name}: sizes={self.sizes!r}; expected a non-empty tuple of "
+                             f"{BENCH_SIZES}")
 
 
 def as_tensors(out: Any) -> Sequence[torch.Tensor]:

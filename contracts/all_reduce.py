@@ -209,13 +209,15 @@ def _native(partials: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 
 def bench_cases() -> list[BenchCase]:
-    """Row-parallel partial sums of Qwen3-8B projections (int64 [world, M, 4096])."""
+    """Row-parallel partial sums of Qwen3-8B projections (int64 [world, M, 4096]); all but M = 2048
+    are cheap enough for the small (CPU) set too."""
     cases = []
-    for world, m in ((2, 8), (4, 64), (8, 64), (2, 2048)):
+    both = ("small", "large")
+    for world, m, sizes in ((2, 8, both), (4, 64, both), (8, 64, both), (2, 2048, ("large",))):
         def make(device: torch.device, world: int = world, m: int = m) -> dict[str, Any]:
             block = _partials(f"bench{world}_{m}", world, (min(m, 8), 4096), 52).to(device)
             return {"partials": block.repeat(1, -(-m // block.shape[1]), 1)[:, :m].contiguous(), "op": "sum"}
 
         cases.append(BenchCase(name=f"sum_world{world}_m{m}_n4096", make=make, native=_native,
-                               flops=float(world * m * 4096), bytes=8.0 * (world + 1) * m * 4096))
+                               flops=float(world * m * 4096), bytes=8.0 * (world + 1) * m * 4096, sizes=sizes))
     return cases

@@ -1,7 +1,7 @@
 """Attention over packed (varlen) sequences with a KV cache, and over a paged KV cache, bit-exact.
 
 ``out_i = sum_j softmax_j(scale * q_i . k_j) v_j`` over the keys query ``i`` may see, with the
-construction of DESIGN R4a made exact: scores are exact digit dot products rounded once,
+construction of docs/numerics.md R4a made exact: scores are exact digit dot products rounded once,
 softmax numerator and denominator are integer sums on fixed grids, and the only divisions
 are one IEEE fp32 division per output element. Every quantity of a query row depends only on
 that row and the keys it may attend, so prefill, chunked prefill, decode, packing, KV block
@@ -794,36 +794,43 @@ def _sdpa_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B attention (32 q heads, 8 KV heads, head_dim 128, bf16): paged decode (block 16)
-    at batch 8/64 and context 1024/4096/8192; causal prefill of 2048 and 8192 tokens."""
-    hq, hkv, d, bs = 32, 8, 128, 16
+    """Attention in bf16 with head_dim 128 and 8 KV heads, paged decode (block 16) and causal prefill.
+
+    large: Qwen3-8B (32 q heads), decode at batch 8/64 and context 1024/4096/8192, prefill of 2048
+    and 8192 tokens. small: Qwen3-0.6B (16 q heads), decode at batch 1 (context 512) and 4
+    (context 128), prefill of 64 tokens.
+    """
+    hkv, d, bs = 8, 128, 16
+    decode = [("qwen3_8b", 32, "large", batch, ctx) for batch in (8, 64) for ctx in (1024, 4096, 8192)]
+    decode += [("qwen3_0.6b", 16, "small", 1, 512), ("qwen3_0.6b", 16, "small", 4, 128)]
+    prefill = [("qwen3_8b", 32, "large", 2048), ("qwen3_8b", 32, "large", 8192), ("qwen3_0.6b", 16, "small", 64)]
     cases = []
-    for batch in (8, 64):
-        for ctx in (1024, 4096, 8192):
+    for model, hq, size, batch, ctx in decode:
 
-            def make(device: torch.device, b: int = batch, n: int = ctx) -> dict[str, Any]:
-                g = torch.Generator(device=device).manual_seed(b * 100003 + n)
-                blocks = b * n // bs
-                q = torch.randn(b, hq, d, generator=g, device=device).to(torch.bfloat16)
-                kc = torch.randn(blocks, bs, hkv, d, generator=g, device=device).to(torch.bfloat16)
-                vc = torch.randn(blocks, bs, hkv, d, generator=g, device=device).to(torch.bfloat16)
-                table = torch.arange(blocks, device=device, dtype=torch.int32).view(b, n // bs)
-                lens = torch.full((b,), n, device=device, dtype=torch.int32)
-                cu = torch.arange(b + 1, device=device, dtype=torch.int32)
-                return {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "seq_lens_k": lens,
-                        "cu_seqlens_q": cu, "scale": None, "causal": True}
+        def make(device: torch.device, b: int = batch, n: int = ctx, hq: int = hq) -> dict[str, Any]:
+            g = torch.Generator(device=device).manual_seed(b * 100003 + n)
+            blocks = b * n // bs
+            q = torch.randn(b, hq, d, generator=g, device=device).to(torch.bfloat16)
+            kc = torch.randn(blocks, bs, hkv, d, generator=g, device=device).to(torch.bfloat16)
+            vc = torch.randn(blocks, bs, hkv, d, generator=g, device=device).to(torch.bfloat16)
+            table = torch.arange(blocks, device=device, dtype=torch.int32).view(b, n // bs)
+            lens = torch.full((b,), n, device=device, dtype=torch.int32)
+            cu = torch.arange(b + 1, device=device, dtype=torch.int32)
+            return {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "seq_lens_k": lens,
+                    "cu_seqlens_q": cu, "scale": None, "causal": True}
 
-            cases.append(BenchCase(
-                name=f"qwen3_8b_decode_B{batch}_ctx{ctx}_bs{bs}_bf16",
-                make=make,
-                native=_sdpa_paged_decode,
-                flops=4.0 * batch * ctx * hq * d,  # QK^T and PV, 2 flops per multiply-add
-                bytes=2.0 * (2 * batch * ctx * hkv * d + 2 * batch * hq * d),  # read K, V, q; write out
-                op="attention_paged",
-            ))
-    for tokens in (2048, 8192):
+        cases.append(BenchCase(
+            name=f"{model}_decode_B{batch}_ctx{ctx}_bs{bs}_bf16",
+            make=make,
+            native=_sdpa_paged_decode,
+            flops=4.0 * batch * ctx * hq * d,  # QK^T and PV, 2 flops per multiply-add
+            bytes=2.0 * (2 * batch * ctx * hkv * d + 2 * batch * hq * d),  # read K, V, q; write out
+            op="attention_paged",
+            sizes=(size,),
+        ))
+    for model, hq, size, tokens in prefill:
 
-        def make_prefill(device: torch.device, t: int = tokens) -> dict[str, Any]:
+        def make_prefill(device: torch.device, t: int = tokens, hq: int = hq) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             q = torch.randn(t, hq, d, generator=g, device=device).to(torch.bfloat16)
             k = torch.randn(t, hkv, d, generator=g, device=device).to(torch.bfloat16)
@@ -832,10 +839,11 @@ def bench_cases() -> list[BenchCase]:
             return {"q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "scale": None, "causal": True}
 
         cases.append(BenchCase(
-            name=f"qwen3_8b_prefill_T{tokens}_causal_bf16",
+            name=f"{model}_prefill_T{tokens}_causal_bf16",
             make=make_prefill,
             native=_sdpa_varlen_prefill,
             flops=4.0 * tokens * tokens * hq * d / 2,  # causal: half of the score and PV products
             bytes=2.0 * (2 * tokens * hq * d + 2 * tokens * hkv * d),  # read q, K, V; write out
+            sizes=(size,),
         ))
     return cases

@@ -209,4 +209,6 @@ def bench_cases() -> list[BenchCase]:
         return {"rewards": torch.randn(512, 16, generator=g, device=device)}
 
     n = 512 * 16
-    return [BenchCase(name="G512_n16", make=make, native=torch_group_advantages, flops=8.0 * n, bytes=8.0 * n)]
+    # milliseconds on a CPU too: the same shape serves both sets
+    return [BenchCase(name="G512_n16", make=make, native=torch_group_advantages, flops=8.0 * n, bytes=8.0 * n,
+                      sizes=("small", "large"))]

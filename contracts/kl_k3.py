@@ -15,7 +15,7 @@ import torch
 from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
 from rlkernel.contracts._exact.fp32 import canonicalize
 from rlkernel.contracts._exact.transcendental import exp_c
-from rlkernel.contracts._gen import normal, seed_of, special_values
+from rlkernel.contracts._gen import from_bits, normal, seed_of, special_values
 
 CONTRACT = Contract(
     name="kl_k3",
@@ -23,6 +23,12 @@ CONTRACT = Contract(
     summary="k3 = RN32(RN32(exp_c(d) - d) - 1) with d = RN32(ref_logp - logp), elementwise",
     invariances=("batch", "permutation", "repeat"),
     dtypes={"logp": (torch.float32,), "ref_logp": (torch.float32,)},
+    parameters={
+        "exp_c": "e = exp_c(d), the contract exponential (P6; every constant is pinned by softmax)",
+        "exp_overflow_rule": "exp_c(x) = +inf for x > 89, so k3 = +inf for d > 89",
+        "exp_underflow_rule": "exp_c(x) = +0 for x < -104, so k3 = -d - 1 rounded for d < -104",
+        "k3_rounding": "k3 = RN32(RN32(e - d) - 1): e - d first, each step one fp32 rounding",
+    },
 )
 
 
@@ -96,8 +102,22 @@ def _specials() -> dict[str, Any]:
     return {"logp": logp, "ref_logp": ref}
 
 
+#: Differences d at which a one-ulp change of an exp_c constant (Q4 either way, Q3, log2e,
+#: ln2_lo) changes exp_c(d), found by a search around |r| = ln2 / 2; near 0, k3 ~ d**2 / 2
+#: cancels, so a one-ulp change of e shows in k3.
+_EXP_PROBES = (0xBEAEC5C4, 0xBEAD36B8, 0xC0FF1401, 0xC0D2B77B, 0x3EB0330F, 0x3FDEA691, 0x3F83C3F2, 0x40A7BA0A,
+               0x3EB0B381, 0x4073FCE0, 0x414214C9, 0x4201F689)
+
+
+def _pin_exp() -> dict[str, Any]:
+    """exp_c pinned through k3: logp = 0 and ref_logp = the probe d."""
+    d = from_bits(list(_EXP_PROBES), torch.float32)
+    return {"logp": torch.zeros_like(d), "ref_logp": d}
+
+
 def adversarial_cases() -> list[Case]:
     return [
+        Case("pin_exp", "adversarial", _pin_exp),
         Case("specials", "adversarial", _specials),
         Case("equal_logps", "adversarial",
              lambda: (lambda d: {"logp": d["logp"], "ref_logp": d["logp"].clone()})(_inputs("equal", (4, 33)))),
@@ -153,4 +173,6 @@ def bench_cases() -> list[BenchCase]:
         return {"logp": logp, "ref_logp": logp + 0.1 * torch.randn(64, 4096, generator=g, device=device)}
 
     n = 64 * 4096
-    return [BenchCase(name="B64_T4096", make=make, native=torch_kl_k3, flops=25.0 * n, bytes=12.0 * n)]
+    # milliseconds on a CPU too: the same shape serves both sets
+    return [BenchCase(name="B64_T4096", make=make, native=torch_kl_k3, flops=25.0 * n, bytes=12.0 * n,
+                      sizes=("small", "large"))]

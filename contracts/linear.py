@@ -1,4 +1,4 @@
-"""Contract ``linear``: ``y = x @ weight.T (+ bias)`` by the exact digit matmul (P5, DESIGN R4).
+"""Contract ``linear``: ``y = x @ weight.T (+ bias)`` by the exact digit matmul (docs/numerics.md P5, R4).
 
 The module also defines the three tensor-parallel sub-ops that split ``linear`` over shards
 of K (row-parallel TP): ``linear_exponents``, ``linear_partial`` and ``linear_finish``
@@ -735,13 +735,16 @@ def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B projections (hidden 4096, intermediate 12288), bf16, decode to prefill."""
+    """Projections in bf16, decode to prefill. large: Qwen3-8B (hidden 4096, intermediate 12288);
+    small: Qwen3-0.6B (hidden 1024, intermediate 3072) at decode-sized M."""
+    shapes = [("qwen3_8b", "large", mkn) for mkn in ((1, 4096, 4096), (8, 4096, 12288), (64, 4096, 4096),
+                                                     (256, 12288, 4096), (2048, 4096, 12288), (8192, 4096, 4096))]
+    shapes += [("qwen3_0.6b", "small", mkn) for mkn in ((1, 1024, 1024), (16, 1024, 3072), (64, 3072, 1024))]
     cases = []
-    for m, k, n in ((1, 4096, 4096), (8, 4096, 12288), (64, 4096, 4096), (256, 12288, 4096),
-                    (2048, 4096, 12288), (8192, 4096, 4096)):
+    for model, size, (m, k, n) in shapes:
         def make(device: torch.device, m: int = m, k: int = k, n: int = n) -> dict[str, Any]:
             return {"x": _bench_tensor("x", m, k, 1.0, device), "weight": _bench_tensor("w", n, k, 0.02, device)}
 
-        cases.append(BenchCase(name=f"qwen3_8b_m{m}_k{k}_n{n}_bf16", make=make, native=_native,
-                               flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n)))
+        cases.append(BenchCase(name=f"{model}_m{m}_k{k}_n{n}_bf16", make=make, native=_native,
+                               flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n), sizes=(size,)))
     return cases

@@ -12,6 +12,8 @@ from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCa
 from rlkernel.contracts._exact.fp32 import round_to
 from rlkernel.contracts._exact.transcendental import log_c
 from rlkernel.contracts.softmax import (
+    EXP_PARAMETERS,
+    SUM_PARAMETERS,
     make_adversarial_cases,
     make_bench_cases,
     make_golden_cases,
@@ -20,12 +22,38 @@ from rlkernel.contracts.softmax import (
     row_terms,
 )
 
+#: log_c (P6, contracts/_exact/transcendental.py) as log_softmax uses it, on L in [1, N]: its
+#: special rules (zero, negative, infinite, NaN and subnormal arguments) never change a bit
+#: here (L is NaN or at least 1), and SQRT_HALF one ulp up only moves arguments below 1.
+LOG_PARAMETERS = {
+    "ln2_hi": "LN2_HI = 0x3F317200 (ln 2 to 15 bits): exp_c's r1 = x - k * LN2_HI and log_c's hi = e * LN2_HI, "
+              "both exact",
+    "ln2_lo": "LN2_LO = 0x35BFBE8E: exp_c's k * LN2_LO and log_c's lo = e * LN2_LO",
+    "log_sqrt_half": "SQRT_HALF = 0x3F3504F3: x = m * 2**e with m in [SQRT_HALF, 2 * SQRT_HALF)",
+    "log_r0": "R0 = 0x3EAAAAAA, coefficient of the degree-7 polynomial for (log1p(f) - f + f**2/2) / f**3",
+    "log_r1": "R1 = 0xBE800113",
+    "log_r2": "R2 = 0x3E4CD003",
+    "log_r3": "R3 = 0xBE2A3924",
+    "log_r4": "R4 = 0x3E116D09",
+    "log_r5": "R5 = 0xBE06C2A2",
+    "log_r6": "R6 = 0x3E02ADB5",
+    "log_r7": "R7 = 0xBD9C5ABE",
+    "log_f_head_bits": "f**2/2 split exactly through fh = f truncated to 12 significant bits",
+}
+
 CONTRACT = Contract(
     name="log_softmax",
     version=1,
     summary="y = RN_out(d - log_c(L)), d = x - max x, L = fixed_sum(exp_c(d); E = 0, F = 40), last axis",
     invariances=("batch", "permutation", "reduction_order", "repeat"),
     dtypes={"x": (torch.float32, torch.bfloat16, torch.float16)},
+    parameters={
+        **SUM_PARAMETERS,
+        **EXP_PARAMETERS,
+        **LOG_PARAMETERS,
+        "max_zero_sign": "a zero row max is +0 (R5), so a -0 logit gives d = -0 and y = -0 where L = 1",
+        "output_rounding": "fp32 -> bf16/fp16 output rounded to nearest, ties to even (overflow to inf)",
+    },
 )
 
 

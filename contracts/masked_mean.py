@@ -456,7 +456,8 @@ def _torch_masked_mean(x: torch.Tensor, mask: torch.Tensor, mode: str = "token-m
 
 
 def bench_cases() -> list[BenchCase]:
-    """token-mean and seq-mean-token-mean over B = 64, T = 4096 (a PPO micro-batch)."""
+    """token-mean and seq-mean-token-mean over B = 64, T = 4096 (a PPO micro-batch); milliseconds on a
+    CPU too, so the same shapes serve both sets."""
     cases = []
     for mode in ("token-mean", "seq-mean-token-mean"):
         def make(device: torch.device, m: str = mode) -> dict[str, Any]:
@@ -467,5 +468,5 @@ def bench_cases() -> list[BenchCase]:
             return {"x": x, "mask": mask, "mode": m}
 
         cases.append(BenchCase(name=f"B64_T4096_{mode}", make=make, native=_torch_masked_mean,
-                               flops=2.0 * 64 * 4096, bytes=5.0 * 64 * 4096))
+                               flops=2.0 * 64 * 4096, bytes=5.0 * 64 * 4096, sizes=("small", "large")))
     return cases

@@ -462,7 +462,8 @@ def verl_ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
 
 def bench_cases() -> list[BenchCase]:
-    """A PPO micro-batch B = 64, T = 4096 with dual clip, forward; against the verl-style loss."""
+    """A PPO micro-batch B = 64, T = 4096 with dual clip, forward; against the verl-style loss.
+    Milliseconds on a CPU too, so the same shape serves both sets."""
 
     def make(device: torch.device) -> dict[str, Any]:
         g = torch.Generator(device=device).manual_seed(0)
@@ -475,4 +476,4 @@ def bench_cases() -> list[BenchCase]:
 
     n = 64 * 4096
     return [BenchCase(name="B64_T4096_dual_clip", make=make, native=verl_ppo_loss,
-                      flops=12.0 * n, bytes=13.0 * n)]
+                      flops=12.0 * n, bytes=13.0 * n, sizes=("small", "large"))]

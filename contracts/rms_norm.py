@@ -8,6 +8,7 @@ backend tiles, splits or orders the hidden axis.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -28,6 +29,19 @@ CONTRACT = Contract(
     dtypes={
         "x": (torch.bfloat16, torch.float16, torch.float32),
         "weight": (torch.bfloat16, torch.float16, torch.float32),
+    },
+    parameters={
+        "sum_frac_bits": "F = 40: fraction bits of the max grid of S (2**(E - 40)); H * 2**40 < 2**63",
+        "sum_grid_exponent": "max grid: E = expo(max_i sq_i) per row (a zero row sums to +0 on any grid)",
+        "sum_term_rounding": "each sq_i rounded half to even to a multiple of 2**(E - 40)",
+        "sum_total_rounding": "the exact int64 total rounded once to fp32, half to even (P3), then scaled",
+        "sum_specials": "an infinite (overflowed) square makes S = inf, a NaN makes S NaN (IEEE sum of the "
+                        "non-finite terms)",
+        "mean_division": "mean = RN32(S ÷ fp32(H)), one IEEE division",
+        "rsqrt": "r = RN32(1 ÷ sqrt_rn(mean + eps)): correctly rounded sqrt, then one IEEE division",
+        "eps_rounding": "eps rounded once to fp32, to nearest even, and added to the fp32 mean",
+        "h_rounding": "h = RN32(xf * r) rounded to x's dtype (nearest even) before the gain",
+        "output_rounding": "y = RN(fp32(w) * h) to x's dtype, nearest even (overflow to inf)",
     },
 )
 
@@ -156,9 +170,106 @@ def _adv_ties_bf16() -> dict[str, Any]:
     return {"x": x, "weight": w, "eps": 0.0}
 
 
+# --------------------------------------------------------------------------- pinning cases
+# Rows that make the parameters of the sum S observable (CONTRACT.parameters; the mutation
+# test tests/test_mutations.py proves it). A change of a few grid units in S shows only when
+# the exact sum sits beside a rounding boundary of S's fp32 value, and only when that ulp of S
+# changes r. The "knife-edge" rows put it there: fp32 rows of H = 8 with x_0 = 1 (so E = 1, the
+# grid is 2**-39 and S is in [1, 2)), the terms under test, two tuner terms that bring the exact
+# integer sum to the chosen value, and zeros; eps = 0 and w = 1, so y_0 = r = 1 ÷ sqrt(S ÷ 8).
+#   "above_tie": one unit above the midpoint of two fp32 neighbours, the lower one even
+#   "below_tie": one unit below a midpoint whose upper neighbour is even
+#   "tie":       exactly on a midpoint whose lower neighbour is even
+# where the two neighbours give different r. Inputs are solved with the contract's own
+# rounding (bisection over fp32 encodings): the same on every machine.
+
+_PIN_H = 8
+_UNITS = 2.0**39  # grid units per 1.0 when E = 1
+
+
+def _sq_units(x: torch.Tensor) -> torch.Tensor:
+    """``RN32(x * x) * 2**39`` exactly, in float64."""
+    return (x * x).to(torch.float64) * _UNITS
+
+
+def _solve_x(target: torch.Tensor) -> torch.Tensor:
+    """The largest fp32 x in [0, 1] with ``_sq_units(x) <= target`` (bisection on encodings)."""
+    lo = torch.zeros(target.shape, dtype=torch.int64)  # x = 0: 0 units
+    hi = torch.full(target.shape, 0x3F800000, dtype=torch.int64)  # x = 1
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi) // 2
+        ok = _sq_units(mid.to(torch.int32).view(torch.float32)) <= target
+        lo = torch.where(ok, mid, lo)
+        hi = torch.where(ok, hi, mid)
+    return lo.to(torch.int32).view(torch.float32)
+
+
+def _r_of(s: torch.Tensor) -> torch.Tensor:
+    """``r = 1 ÷ sqrt_rn(s ÷ 8)`` of the fp32 sums s (the contract's steps 3 with eps = 0)."""
+    return torch.tensor(1.0) / sqrt_rn(s / torch.tensor(float(_PIN_H)))
+
+
+def _edge_sum(s0: int, kind: str) -> int:
+    """The first knife-edge sum (grid units) of ``kind`` at least 2**12 units above ``s0`` whose
+    two fp32 neighbours give different r (S in [2**39, 2**40): neighbours 2**16 units apart)."""
+    ulp = 1 << 16
+    first = -(-(s0 + (1 << 12) - ulp // 2) // ulp)
+    j = torch.arange(first, first + 64, dtype=torch.int64)
+    lower = (j * ulp).to(torch.float64) / _UNITS
+    r_lo, r_hi = _r_of(lower.to(torch.float32)), _r_of((lower + ulp / _UNITS).to(torch.float32))
+    parity = 1 if kind == "below_tie" else 0
+    ok = (r_lo != r_hi) & (j % 2 == parity)
+    jj = int(j[ok.nonzero()[0, 0]])
+    return jj * ulp + ulp // 2 + {"above_tie": 1, "below_tie": -1, "tie": 0}[kind]
+
+
+@functools.cache
+def _pin_sum_rows() -> torch.Tensor:
+    """Knife-edge rows for the sum's grid width, term rounding and total rounding.
+
+    ``above_tie`` rows hold two terms at 0.62 of a grid unit above an even unit (modulo 2):
+    half to even rounds each up, so truncation, a grid of 2**-38 (F = 39) and one of 2**-40
+    (F = 41) all lower S. ``below_tie`` rows hold two terms at 1.38 (modulo 2), which both grids
+    raise, and an exact tie 1/2 (x = 2**-20) that rounding half away from zero raises.
+    """
+    def near(units: list[float], mod2: float) -> list[float]:
+        return _solve_x(torch.tensor([u - (u % 2.0) + mod2 for u in units], dtype=torch.float64)).tolist()
+
+    up, down, tie = near([4.0, 600.0, 12.0, 5000.0], 0.62), near([4.0, 600.0, 12.0, 5000.0], 1.38), 2.0**-20
+    fixed = [up[0:2], up[2:4], down[0:2] + [tie], down[2:4] + [tie], [], [tie]]
+    kinds = ["above_tie", "above_tie", "below_tie", "below_tie", "tie", "tie"]
+    rows = []
+    for terms, kind in zip(fixed, kinds):
+        row = torch.tensor([1.0, *terms], dtype=torch.float32)
+        s0 = int(torch.round(_sq_units(row)).sum())
+        rest = _edge_sum(s0, kind) - s0
+        coarse = _solve_x(torch.tensor([rest - 2048.0], dtype=torch.float64))
+        fine = _solve_x(torch.tensor([rest - float(torch.round(_sq_units(coarse))[0]) + 0.25], dtype=torch.float64))
+        row = torch.cat([row, coarse, fine])
+        if int(torch.round(_sq_units(row)).sum()) - s0 != rest:
+            raise RuntimeError("rms_norm pinning rows: the tuners did not reach the exact sum")
+        rows.append(torch.cat([row, torch.zeros(_PIN_H - row.numel())]))
+    return torch.stack(rows)
+
+
+def _pin_sum() -> dict[str, Any]:
+    x = _pin_sum_rows().clone()
+    return {"x": x, "weight": torch.ones(_PIN_H, dtype=torch.float32), "eps": 0.0}
+
+
+def _pin_eps() -> dict[str, Any]:
+    """eps = 1e-7 (its fp32 value is rounded up) beside mean squares of the same size."""
+    x = normal(seed_of("rms_norm", "pin_eps_1e-7_fp32", "x"), (16, 64), std=3.0e-4, dtype=torch.float32)
+    return {"x": x, "weight": torch.ones(64, dtype=torch.float32), "eps": 1e-7}
+
+
 def adversarial_cases() -> list[Case]:
-    """Specials, outlier channels, ties, odd lengths, non-contiguous rows, empty batches."""
+    """Specials, outlier channels, ties, odd lengths, non-contiguous rows, empty batches; pinning cases."""
     cases = [
+        Case("pin_sum_knife_edge_fp32", "adversarial", _pin_sum),
+        Case("pin_eps_1e-7_fp32", "adversarial", _pin_eps),
+    ]
+    cases += [
         Case(f"specials_{tag}", "adversarial", lambda d=dt: _adv_specials(d))
         for tag, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32))
     ]
@@ -258,22 +369,25 @@ def _hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> to
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B hidden norms, bf16: T in 1, 64, 2048, 8192 rows of 4096."""
-    hidden = 4096
+    """Hidden norms, bf16. large: Qwen3-8B, T in 1, 64, 2048, 8192 rows of 4096; small: Qwen3-0.6B,
+    T in 1, 64 rows of 1024."""
     cases = []
-    for rows in (1, 64, 2048, 8192):
+    shapes = [("qwen3_8b", 4096, "large", t) for t in (1, 64, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 1024, "small", t) for t in (1, 64)]
+    for model, hidden, size, rows in shapes:
 
-        def make(device: torch.device, t: int = rows) -> dict[str, Any]:
+        def make(device: torch.device, t: int = rows, hidden: int = hidden) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             x = torch.randn(t, hidden, generator=g, device=device).to(torch.bfloat16)
             w = (1.0 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(torch.bfloat16)
             return {"x": x, "weight": w, "eps": 1e-6}
 
         cases.append(BenchCase(
-            name=f"qwen3_8b_T{rows}_bf16",
+            name=f"{model}_T{rows}_bf16",
             make=make,
             native=_hf_rms_norm,
             flops=4.0 * rows * hidden,  # square, sum, scale, gain per element
             bytes=2.0 * (2 * rows * hidden + hidden),  # read x and weight, write y (bf16)
+            sizes=(size,),
         ))
     return cases

@@ -30,6 +30,16 @@ CONTRACT = Contract(
     summary="y1 = RN(RN(x1*c) - RN(x2*s)), y2 = RN(RN(x2*c) + RN(x1*s)), c/s = RN32(cos/sin(p * theta**(-2i/D)))",
     invariances=("batch", "permutation", "chunking", "prefill_decode", "repeat"),
     dtypes={"x": (torch.bfloat16, torch.float16, torch.float32), "positions": (torch.int64,)},
+    # The table entries themselves (RN32 of the exact cos/sin, R8) are computed on the host by
+    # rope_tables and handed to every backend, so no backend mutant can change them; the golden
+    # hashes pin them through the outputs.
+    parameters={
+        "layout": "rotate-half (NeoX): x1 = x[..., :D/2] pairs with x2 = x[..., D/2:]",
+        "rotation": "y1 = x1 c - x2 s, y2 = x2 c + x1 s (rotation by +p * theta**(-2i/D))",
+        "product_rounding": "each of the four products rounded to fp32, then one rounded add/sub (no FMA)",
+        "table_precision": "c, s used as fp32 table entries (not rounded to x's dtype)",
+        "output_rounding": "y rounded to x's dtype, nearest even (overflow to inf)",
+    },
 )
 
 # --------------------------------------------------------------------------- host tables
@@ -243,6 +253,23 @@ def rope_tables(max_position: int, head_dim: int, theta: float = 1e6) -> tuple[t
     return table_rows(np.arange(max_position, dtype=np.int64), head_dim, theta)
 
 
+def table_rows_reference(positions: torch.Tensor, head_dim: int,
+                         theta: float = 1e6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``positions`` of :func:`rope_tables` (the definition of the public ``rope_table_rows``).
+
+    Parameters
+    ----------
+    positions : Tensor, int64 or int32, [T], values in [0, 2**24)
+    head_dim : int, even
+    theta : float, > 0
+
+    Returns
+    -------
+    cos, sin : Tensor, float32, CPU, [T, head_dim // 2]
+    """
+    return table_rows(positions.to(torch.int64).numpy(), head_dim, theta)
+
+
 # --------------------------------------------------------------------------- the op
 
 
@@ -301,6 +328,10 @@ def reference(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> t
     return round_to(torch.cat([y1, y2], dim=-1), x.dtype)
 
 
+#: The reference of each op whose cases live here: the rotation and the public tables (R8:
+#: the product computes them with its own code, so conformance must pin their bits).
+REFERENCES = {"rope": reference, "rope_tables": rope_tables, "rope_table_rows": table_rows_reference}
+
 # --------------------------------------------------------------------------- cases
 
 #: Qwen3's max_position_embeddings (and the golden cases' position range).
@@ -317,9 +348,50 @@ def _random_positions(case: str, count: int, high: int = QWEN3_MAX_POSITION) -> 
     return integers(seed_of("rope", case, "positions"), (count,), 0, high)
 
 
-def golden_cases() -> list[Case]:
-    """Qwen3 heads (32 query / 8 KV heads, head_dim 128, theta 1e6) and smaller shapes."""
+#: Positions holding the entries nearest an fp32 rounding midpoint (tools/find_rope_midpoints.py;
+#: all within 3e-9 fp32 ulp of one, several exactly on it in float64). No float64 evaluation can
+#: round them: both table implementations must take their slow paths.
+MIDPOINT_HARD = {
+    (64, 10000.0): (1599813, 977267, 2230552, 2127657, 1752384, 523358, 2747831, 3758808),
+    (128, 1e6): (2104169, 2913351, 4801219, 8690327, 15998130, 1102865, 1337278, 2536476, 4578025, 4701725),
+}
+
+
+def _table_cases() -> list[Case]:
+    """The host tables (R8) as the product computes them: ``rope_tables`` and ``rope_table_rows``."""
+
+    def tables(name: str, rows: int, head_dim: int, theta: float, full_only: bool = False) -> Case:
+        return Case(name, "golden", lambda: {"max_position": rows, "head_dim": head_dim, "theta": theta},
+                    op="rope_tables", full_only=full_only)
+
+    def rows(name: str, positions: Any, head_dim: int, theta: float) -> Case:
+        return Case(name, "golden", lambda: {"positions": positions(), "head_dim": head_dim, "theta": theta},
+                    op="rope_table_rows")
+
+    top = MAX_POSITION
     return [
+        tables("tables_qwen3_d128_4096", 4096, 128, 1e6),
+        tables("tables_d64_theta1e4_1024", 1024, 64, 10000.0),
+        tables("tables_d256_theta5e5_2048", 2048, 256, 5e5),
+        tables("tables_d14_300", 300, 14, 1e6),
+        tables("tables_d2_theta1_64", 64, 2, 1.0),
+        tables("tables_d8_theta0p5_512", 512, 8, 0.5),
+        tables("tables_qwen3_d128_131072", 1 << 17, 128, 1e6, full_only=True),
+        rows("rows_top_of_range_d128", lambda: torch.arange(top - 512, top), 128, 1e6),
+        rows("rows_random_d128", lambda: integers(seed_of("rope", "rows_random_d128"), (256,), 0, top), 128, 1e6),
+        rows("rows_random_d64_theta1e4",
+             lambda: integers(seed_of("rope", "rows_random_d64_theta1e4"), (256,), 0, top), 64, 10000.0),
+        rows("rows_midpoint_hard_d64_theta1e4", lambda: torch.tensor(MIDPOINT_HARD[(64, 10000.0)]), 64, 10000.0),
+        rows("rows_midpoint_hard_d128", lambda: torch.tensor(MIDPOINT_HARD[(128, 1e6)]), 128, 1e6),
+        rows("rows_unsorted_repeated_int32",
+             lambda: torch.tensor([5, 0, top - 1, 5, 1, top - 2, 0, 40959], dtype=torch.int32), 128, 1e6),
+    ]
+
+
+def golden_cases() -> list[Case]:
+    """Qwen3 heads (32 query / 8 KV heads, head_dim 128, theta 1e6) and smaller shapes; the host
+    tables at Qwen3's and other configurations, near 2**24 and at midpoint-hard entries."""
+    return _table_cases() + [
         Case("q_bf16", "golden",
              lambda: _inputs("q_bf16", (7, 32, 128), torch.bfloat16, _random_positions("q_bf16", 7))),
         Case("k_fp16", "golden",
@@ -471,22 +543,26 @@ def _hf_rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> to
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B query heads [T, 32, 128] bf16, T in 1, 2048, 8192, positions 0..T-1."""
-    heads, head_dim = 32, 128
+    """Query heads [T, H, 128] bf16, positions 0..T-1. large: Qwen3-8B (H = 32), T in 1, 2048, 8192;
+    small: Qwen3-0.6B (H = 16), T in 1, 64."""
+    head_dim = 128
     cases = []
-    for tokens in (1, 2048, 8192):
+    shapes = [("qwen3_8b", 32, "large", t) for t in (1, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 16, "small", t) for t in (1, 64)]
+    for model, heads, size, tokens in shapes:
 
-        def make(device: torch.device, t: int = tokens) -> dict[str, Any]:
+        def make(device: torch.device, t: int = tokens, heads: int = heads) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             x = torch.randn(t, heads, head_dim, generator=g, device=device).to(torch.bfloat16)
             return {"x": x, "positions": torch.arange(t, device=device), "theta": 1e6}
 
         elems = tokens * heads * head_dim
         cases.append(BenchCase(
-            name=f"qwen3_8b_q_T{tokens}_bf16",
+            name=f"{model}_q_T{tokens}_bf16",
             make=make,
             native=_hf_rope,
             flops=3.0 * elems,  # two products and one add per output element
             bytes=2.0 * 2 * elems + 8.0 * tokens + 2 * 4.0 * tokens * head_dim // 2,  # x, y, positions, table rows
+            sizes=(size,),
         ))
     return cases

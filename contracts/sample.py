@@ -43,6 +43,7 @@ and the accuracy of log_c).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ from ._exact.fp32 import argmax_r5
 from ._exact.philox import philox4x32, uniform_from_u32
 from ._exact.transcendental import exp_c, log_c
 from ._gen import from_bits, integers, normal, seed_of, special_values
+from .softmax import argument_below, grid_position, tie_argument
 
 CONTRACT = Contract(
     name="sample",
@@ -62,6 +64,35 @@ CONTRACT = Contract(
     dtypes={"logits": (torch.float32, torch.bfloat16, torch.float16), "temperature": (torch.float32,),
             "top_k": (torch.int64,), "top_p": (torch.float32,), "seed": (torch.int64,),
             "position": (torch.int64,)},
+    parameters={
+        "philox_rounds": "Philox4x32 with 10 rounds, the key bumped between rounds",
+        "philox_m0": "multiplier M0 = 0xD2511F53 (applied to counter word 0)",
+        "philox_m1": "multiplier M1 = 0xCD9E8D57 (applied to counter word 2)",
+        "philox_w0": "Weyl constant W0 = 0x9E3779B9 (bumps key word 0)",
+        "philox_w1": "Weyl constant W1 = 0xBB67AE85 (bumps key word 1)",
+        "philox_key_schedule": "round i (0-based) uses the key k + i * W: no bump before the first round",
+        "counter_block": "counter word 0 = j >> 2 (four token ids per Philox block)",
+        "counter_position": "counter words 1, 2 = position & 0xFFFFFFFF, position >> 32",
+        "counter_word3": "counter word 3 = 0",
+        "counter_output_word": "token j takes output word j & 3 of its block",
+        "key_layout": "key = (seed & 0xFFFFFFFF, seed >> 32)",
+        "uniform_bits": "u keeps the top 23 bits of the word: r >> 9",
+        "uniform_offset": "u = (2 * (r >> 9) + 1) * 2**-24: the midpoints of a 2**-23 grid, never 0 or 1",
+        "log_c": "g = -log_c(-log_c(u)), the contract logarithm (P6; every constant is pinned by log_softmax)",
+        "exp_c": "q_j = RNE(exp_c(z_j - m) * 2**40), the contract exponential (P6; pinned by softmax)",
+        "temperature_division": "z = x ÷ tau, one IEEE division (not x * RN(1 / tau))",
+        "top_k_rule": "top-k survivors are the ranks 0 .. k - 1 (all when k = 0 or k >= V)",
+        "top_p_frac_bits": "q_j on the absolute grid 2**-40 (F = 40)",
+        "top_p_q_rounding": "q_j rounded half to even to the grid",
+        "top_p_p_bits": "pnum = RNE(p * 2**24): 24 fraction bits of top_p",
+        "top_p_p_rounding": "pnum rounded half to even",
+        "top_p_cut": "P = floor(total * pnum / 2**24), exact in int64",
+        "top_p_compare": "a survivor is kept iff the q of those ranked before it sum below P (strict)",
+        "top_p_first_kept": "the first-ranked survivor is always kept",
+        "argmax_ties": "greedy argmax and the Gumbel max: ties (and NaNs) go to the lowest index (R5)",
+        "rank_ties": "ranking by (-z_j, j): equal z ranked by lower index first",
+        "special_rows": "a row with NaN (else +inf) takes its first NaN (+inf) index",
+    },
 )
 
 #: Largest vocabulary: the top-p total (<= V * 2**40) times pnum (<= 2**24) / 2**24 stays in int64.
@@ -268,13 +299,157 @@ def _non_contiguous(name: str) -> dict[str, Any]:
     return inputs
 
 
+# --- pinning cases ----------------------------------------------------------------------------
+# Rows on a knife-edge, so that a one-step change of a parameter (CONTRACT.parameters) changes
+# the sampled token; tests/test_mutations.py proves it on the generic backend. Every input is
+# solved with the contract's own Philox, log_c, exp_c and grid rounding: the same everywhere.
+
+_NEG_INF = float("-inf")
+#: Token ids whose Gumbel noise at (seed of "pin_gumbel", position 0) changes when log_c's R0
+#: moves one ulp up (61) or down (4): found by evaluating the noise of ids 0 .. 2**16 - 1.
+_LOG_PROBE_IDS = (61, 4)
+#: z_b for the top-p rows: exp_c(z_b) changes when exp_c's Q4 moves one ulp up (search of
+#: [-11.8, 0]); p_b = 0.71 gives q_b a multiple of 2**16 units, exact on every grid.
+_TOP_P_PROBE = 0xBEAEC5C4
+
+
+def _pin_seed(name: str) -> int:
+    return seed_of("sample", name) & ((1 << 62) - 1)
+
+
+def _solve_score(target: float, g: float) -> float:
+    """fp32 z with RN32(z + g) == target (fp32 target and g), stepping z by ulps from t - g."""
+    t = torch.tensor(target, dtype=torch.float32)
+    gt = torch.tensor(g, dtype=torch.float32)
+    z = torch.tensor(target - g, dtype=torch.float32)
+    for _ in range(256):
+        s = z + gt
+        if bool(s == t):
+            return float(z)
+        z = torch.nextafter(z, torch.tensor(float("inf") if bool(s < t) else _NEG_INF))
+    raise RuntimeError("sample pinning rows: no logit gives the wanted score")
+
+
+@functools.cache
+def _pin_gumbel_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of 1024 logits, all -inf but tokens a (z = 0) and b, whose scores z + g differ by one
+    fp32 ulp, one row with a ahead and one with b ahead: any change of g_a or g_b (Philox, the
+    uniform map, log_c) flips one of the two. Pairs: a = each of :data:`_LOG_PROBE_IDS` with b
+    the token whose g is next below; and a = the token of largest g at position 1 with b about
+    0.7 below (u far apart: the uniform map's offset moves their noise by different amounts)."""
+    seed, v = _pin_seed("pin_gumbel"), 1024
+    ids = torch.arange(v, dtype=torch.int64)
+    rows, positions = [], []
+    for position, a, gap in ((0, _LOG_PROBE_IDS[0], 0.0), (0, _LOG_PROBE_IDS[1], 0.0), (1, None, 0.7)):
+        g = gumbel(seed, position, ids)
+        a = int(torch.argmax(g)) if a is None else a
+        below = torch.where(g < g[a] - gap, g, _NEG_INF)
+        b = int(torch.argmax(below))
+        for ahead in (_NEG_INF, float("inf")):
+            target = float(torch.nextafter(g[a], torch.tensor(ahead)))
+            row = torch.full((v,), _NEG_INF, dtype=torch.float32)
+            row[a] = 0.0
+            row[b] = _solve_score(target, float(g[b]))
+            rows.append(row)
+            positions.append(position)
+    n = len(rows)
+    return torch.stack(rows), torch.full((n,), seed, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)
+
+
+def _pin_gumbel() -> dict[str, Any]:
+    logits, seed, position = (t.clone() for t in _pin_gumbel_rows())
+    b = logits.shape[0]
+    return {"logits": logits, "temperature": torch.ones(b), "top_k": torch.zeros(b, dtype=torch.int64),
+            "top_p": torch.ones(b), "seed": seed, "position": position}
+
+
+def _units(z: list[float]) -> int:
+    """Exact sum of ``RNE(exp_c(z) * 2**40)`` (the top-p numerators when the max is 0)."""
+    return int(torch.round(grid_position(torch.tensor(z, dtype=torch.float32))).sum())
+
+
+@functools.cache
+def _truncation_tuners() -> list[float]:
+    """Two tail logits whose grid positions sit at 1.95 modulo 2 (half to even rounds them up)."""
+    return argument_below(torch.tensor([2001.95, 3001.95], dtype=torch.float64)).tolist()
+
+
+@functools.cache
+def _pin_top_p_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-p knife-edge rows: ``(logits [6, 32], top_p [6], seed [6], position [6])``.
+
+    Tokens: a = 3 (z = 0, ranked first), b = 7 (z = :data:`_TOP_P_PROBE`, p_b = 0.71), three
+    more at p ~ 0.7 ranked after b, and tuners ranked last. A kept and a cut row for each of
+    three top_p bit patterns (top_p ~ 0.2618 = 2**40 over the expected total): pnum =
+    top_p * 2**24 odd (a 23-bit pnum must round it), 2m + 1/2 (half to even rounds it down,
+    half away up, a 25-bit pnum keeps the half), 2m + 3/2 (half to even rounds it up,
+    truncation down). The exact total puts ``total * pnum / 2**24`` less than one slope
+    (pnum / 2**24) above 2**40 + 1 (kept: b survives by a fraction of a grid unit) or less than
+    one slope below it (cut). Kept rows hold two tuners at 1.95 modulo 2 (rounding them toward
+    zero lowers the total), cut rows two exact grid ties (half away from zero raises it); the
+    other tuners are exact on the 2**-41 grid and move the total by at most two units on the
+    2**-39 grid. So a grid of 2**-39 or 2**-41 for q, another rounding of q or pnum, a rounded
+    cut or ``<=`` for ``<`` decides b differently, and so does one ulp of exp_c(z_b). Each seed
+    is chosen so that b beats a in the Gumbel race: b's survival decides the token.
+    """
+    z_b = float(from_bits([_TOP_P_PROBE], torch.float32)[0])
+    head = [0.0, z_b] + [float(torch.tensor(z_b - 0.01 * i, dtype=torch.float32)) for i in (1, 2, 3)]
+    specs = [(pnum2, kept) for pnum2 in (2 * 4392221, 8784445, 8784443) for kept in (True, False)]
+    fixed, totals = [], []
+    for pnum2, kept in specs:
+        fixed.append(head + (_truncation_tuners() if kept else [tie_argument(5.9e6), tie_argument(6.9e6)]))
+        pnum = (pnum2 + 1) // 2 if pnum2 % 4 == 3 else pnum2 // 2  # RNE(pnum2 / 2)
+        first_kept = -(-(((1 << 40) + 1) << P_BITS) // pnum)  # smallest total with floor(total * pnum / 2**24) > 2**40
+        totals.append(first_kept if kept else first_kept - 1)
+    rest = torch.tensor([t - _units(f) for t, f in zip(totals, fixed)], dtype=torch.int64)
+
+    def units(d: torch.Tensor) -> torch.Tensor:
+        return torch.round(grid_position(d)).to(torch.int64)
+
+    # coarse (exact: p >= 2**-16), an exact-integer tuner in [2**23, 2**24) leaving about 6144
+    # units, and a fine one 0.02 to 0.04 above the remaining integer
+    coarse = argument_below((rest - 3 * (1 << 22)).to(torch.float64))
+    rest = rest - units(coarse)
+    mid = argument_below((rest - 6144).to(torch.float64))
+    rest = rest - units(mid)
+    fine = argument_below(rest.to(torch.float64) + 0.04)
+    rows, seeds, positions = [], [], []
+    for i, ((_, kept), f) in enumerate(zip(specs, fixed)):
+        terms = f + [float(coarse[i]), float(mid[i]), float(fine[i])]
+        if _units(terms) != totals[i]:
+            raise RuntimeError("sample pinning rows: the tuners did not reach the exact total")
+        row = torch.full((32,), _NEG_INF, dtype=torch.float32)
+        row[[3, 7, 10, 11, 12]] = torch.tensor(terms[:5])
+        row[20:20 + len(terms) - 5] = torch.tensor(terms[5:])
+        seed = _pin_seed(f"pin_top_p_{2 * (i // 2) + int(kept)}")
+        position = next((p for p in range(1000) if float(row[7] + gumbel(seed, p, torch.tensor([7]))[0])
+                         > float(row[3] + gumbel(seed, p, torch.tensor([3]))[0])), None)
+        if position is None:
+            raise RuntimeError("sample pinning rows: no position where b wins")
+        rows.append(row)
+        seeds.append(seed)
+        positions.append(position)
+    top_p = torch.tensor([pnum2 / 2.0**25 for pnum2, _ in specs], dtype=torch.float32)
+    return (torch.stack(rows), top_p, torch.tensor(seeds, dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64))
+
+
+def _pin_top_p() -> dict[str, Any]:
+    logits, top_p, seed, position = (t.clone() for t in _pin_top_p_rows())
+    b = logits.shape[0]
+    return {"logits": logits, "temperature": torch.ones(b), "top_k": torch.zeros(b, dtype=torch.int64),
+            "top_p": top_p, "seed": seed, "position": position}
+
+
 def adversarial_cases() -> list[Case]:
-    """Specials, ties, extreme parameters, one-token vocabulary, empty batch, strided inputs."""
+    """Pinning rows; specials, ties, extreme parameters, one-token vocabulary, empty batch, strided inputs."""
 
     def case(name: str, make: Any) -> Case:
         return Case(name, "adversarial", make)
 
     return [
+        case("pin_gumbel_knife_edge", _pin_gumbel),
+        case("pin_top_p_knife_edge", _pin_top_p),
         case("specials", lambda: _specials("specials")),
         case("ties", lambda: _ties("ties")),
         case("extremes", lambda: _extremes("extremes")),
@@ -342,7 +517,7 @@ def _native(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, seed
     return torch.multinomial(probs, 1).view(-1)
 
 
-def _bench(b: int, v: int = 151936) -> BenchCase:
+def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",)) -> BenchCase:
     def make(device: torch.device) -> dict[str, Any]:
         # Timing inputs only: torch's RNG on the device is fine here.
         g = torch.Generator(device=device).manual_seed(b)
@@ -353,12 +528,13 @@ def _bench(b: int, v: int = 151936) -> BenchCase:
                 "seed": torch.arange(b, dtype=torch.int64, device=device),
                 "position": torch.full((b,), 100, dtype=torch.int64, device=device)}
 
-    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b)
+    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes)
 
 
 def bench_cases() -> list[BenchCase]:
-    """B = 1, 64, 256 at the Qwen3 vocabulary (151936), fp32 logits, temperature 0.8.
+    """B = 1, 64, 256 (large), B = 1, 4 (small) at the Qwen3 vocabulary (151936), fp32 logits,
+    temperature 0.8.
 
     bytes = logits (fp32) + output (int64); flops = 0 (memory- and RNG-bound).
     """
-    return [_bench(b) for b in (1, 64, 256)]
+    return [_bench(1, sizes=("small", "large")), _bench(64), _bench(256), _bench(4, sizes=("small",))]

@@ -25,6 +25,14 @@ CONTRACT = Contract(
         "gate": (torch.bfloat16, torch.float16, torch.float32),
         "up": (torch.bfloat16, torch.float16, torch.float32),
     },
+    parameters={
+        "exp_c": "e = exp_c(-g), the contract exponential (P6; every constant is pinned by softmax)",
+        "exp_overflow_rule": "exp_c(x) = +inf for x > 89, so silu(g) = -0 for g < -89",
+        "exp_underflow_rule": "exp_c(x) = +0 for x < -104, so silu(g) = g for g > 104",
+        "silu_division": "s32 = RN32(g ÷ RN32(1 + e)), one IEEE division (not g * RN(1 / (1 + e)))",
+        "s_rounding": "s32 rounded to gate's dtype, nearest even, before the product with up",
+        "output_rounding": "y = RN(fp32(s) * fp32(up)) to gate's dtype, nearest even (overflow to inf)",
+    },
 )
 
 
@@ -131,8 +139,21 @@ def _noncontiguous() -> dict[str, Any]:
     return {"gate": fused[:, :200], "up": fused[:, 200:]}
 
 
+#: fp32 gates at which a one-ulp change of an exp_c constant (Q4 either way, Q3, log2e, ln2_lo)
+#: changes silu(g) in fp32, found by a search of the arguments -g with |r| near ln2 / 2 (e**-g
+#: is then not absorbed by the 1 in the denominator: g < 0).
+_EXP_PROBES = (0xBEB0330F, 0xBFDEA691, 0xBF83C3F2, 0xC0A7BA0A, 0xBEB0B381, 0xC073FCE0, 0xC14214C9, 0xC201F689,
+               0xC201F7B3)
+
+
+def _pin_exp() -> dict[str, Any]:
+    """exp_c pinned through silu: the probe gates in fp32, up = 1 (so y is silu(g) itself)."""
+    gate = from_bits(list(_EXP_PROBES), torch.float32).reshape(1, -1)
+    return {"gate": gate, "up": torch.ones_like(gate)}
+
+
 def adversarial_cases() -> list[Case]:
-    """Specials in every combination, exp_c edges, bf16 grid sweep, outliers, odd and empty shapes."""
+    """exp_c probes; specials in every combination, exp_c edges, bf16 grid sweep, outliers, odd and empty shapes."""
     def outliers(dtype: torch.dtype, tag: str) -> dict[str, Any]:
         d = _inputs(f"outliers_{tag}", (4, 4096), dtype)
         d["gate"] = with_outlier_channels(d["gate"], seed_of("silu_mul", "outliers_ch", tag), count=8, factor=40.0)
@@ -140,7 +161,8 @@ def adversarial_cases() -> list[Case]:
                                         factor=100.0 if dtype == torch.float16 else 1000.0)
         return d
 
-    cases = [
+    cases = [Case("pin_exp_fp32", "adversarial", _pin_exp)]
+    cases += [
         Case(f"specials_{tag}", "adversarial", lambda d=dt: _specials(d))
         for tag, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32))
     ]
@@ -199,22 +221,25 @@ def _native(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def bench_cases() -> list[BenchCase]:
-    """Qwen3-8B MLP activations, bf16: T in 1, 64, 2048, 8192 rows of I = 12288."""
-    width = QWEN3_8B_INTERMEDIATE
+    """MLP activations, bf16. large: Qwen3-8B, T in 1, 64, 2048, 8192 rows of I = 12288; small:
+    Qwen3-0.6B, T in 1, 64 rows of I = 3072."""
     cases = []
-    for rows in (1, 64, 2048, 8192):
+    shapes = [("qwen3_8b", QWEN3_8B_INTERMEDIATE, "large", t) for t in (1, 64, 2048, 8192)]
+    shapes += [("qwen3_0.6b", 3072, "small", t) for t in (1, 64)]
+    for model, width, size, rows in shapes:
 
-        def make(device: torch.device, t: int = rows) -> dict[str, Any]:
+        def make(device: torch.device, t: int = rows, width: int = width) -> dict[str, Any]:
             g = torch.Generator(device=device).manual_seed(t)
             gate = (2.0 * torch.randn(t, width, generator=g, device=device)).to(torch.bfloat16)
             up = torch.randn(t, width, generator=g, device=device).to(torch.bfloat16)
             return {"gate": gate, "up": up}
 
         cases.append(BenchCase(
-            name=f"qwen3_8b_T{rows}_bf16",
+            name=f"{model}_T{rows}_bf16",
             make=make,
             native=_native,
             flops=5.0 * rows * width,  # negate, exp, add, divide, multiply (exp counted once)
             bytes=2.0 * 3 * rows * width,  # read gate and up, write y (bf16)
+            sizes=(size,),
         ))
     return cases

@@ -668,9 +668,8 @@ def _native(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.view(-1, 1)).view(-1)
 
 
-def _bench(t: int) -> BenchCase:
-    h, v = _QWEN3_8B["hidden"], _QWEN3_8B["vocab"]
-
+def _bench(t: int, h: int = _QWEN3_8B["hidden"], v: int = _QWEN3_8B["vocab"], name: str = "qwen3_8b",
+           size: str = "large") -> BenchCase:
     def make(device: torch.device) -> dict[str, Any]:
         # Timing inputs only (no golden bits depend on them): torch's RNG on the device is fine.
         g = torch.Generator(device=device).manual_seed(t)
@@ -679,14 +678,16 @@ def _bench(t: int) -> BenchCase:
         targets = torch.randint(0, v, (t,), generator=g, device=device)
         return {"hidden": hidden, "weight": weight, "targets": targets, "temperature": 1.0}
 
-    return BenchCase(f"qwen3_8b_t{t}", make, _native, flops=2.0 * t * v * h,
-                     bytes=2.0 * v * h + 2.0 * t * h + 8.0 * t + 4.0 * t)
+    return BenchCase(f"{name}_t{t}", make, _native, flops=2.0 * t * v * h,
+                     bytes=2.0 * v * h + 2.0 * t * h + 8.0 * t + 4.0 * t, sizes=(size,))
 
 
 def bench_cases(full: bool = False) -> list[BenchCase]:
-    """Qwen3-8B LM head at T = 1, 64, 256, 2048; ``full=True`` adds T = 8192.
+    """large: the Qwen3-8B LM head at T = 1, 64, 256, 2048 (``full=True`` adds T = 8192). small: hidden
+    1024 (Qwen3-0.6B) with the vocabulary cut to 8192 (one CPU call takes ~0.25 s), T = 1, 16.
 
     bytes = weight (bf16) + hidden (bf16) + targets (int64) + output (fp32);
     flops = 2 T V H (the logits GEMM).
     """
-    return [_bench(t) for t in ((1, 64, 256, 2048, 8192) if full else (1, 64, 256, 2048))]
+    large = [_bench(t) for t in ((1, 64, 256, 2048, 8192) if full else (1, 64, 256, 2048))]
+    return large + [_bench(t, h=1024, v=8192, name="h1024_v8192", size="small") for t in (1, 16)]

@@ -1,11 +1,13 @@
 """rlkernel: bitwise-reproducible kernels for RL post-training across GPU vendors.
 
 The same inputs give the same bits on every backend, batch composition, chunking and
-tensor-parallel degree (see DESIGN.md). Public entry points:
+tensor-parallel degree (docs/design.md, docs/numerics.md). Public entry points:
 
 - :mod:`rlkernel.ops`: the functional ops (imported on first attribute access).
+- :mod:`rlkernel.rl`: PPO/GRPO losses under verl's names, with exact micro-batch partials.
 - :func:`trace`, :func:`last_kernel`: which backend and kernel ran.
 - :func:`use_backend`: force a backend for the calls in a block.
+- :class:`KernelNotFound`, :class:`BackwardNotDefined`: the errors of dispatch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
-from rlkernel.dispatch import last_kernel, trace, use_backend
+from rlkernel.backend import KernelNotFound
+from rlkernel.dispatch import BackwardNotDefined, last_kernel, trace, use_backend
 
 try:
     __version__ = version("rlkernel")
@@ -22,10 +25,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 # Subpackages loaded on first access, so `import rlkernel` stays cheap and an op module
-# that imports `rlkernel` back cannot form an import cycle.
-_LAZY = ("ops", "nn", "model", "rl")
+# that imports `rlkernel` back cannot form an import cycle. Only what exists: a name listed
+# here shows in dir(rlkernel) and must import (nn and model are planned, docs/design.md).
+_LAZY = ("ops", "rl")
 
-__all__ = ["__version__", "last_kernel", "ops", "trace", "use_backend"]
+__all__ = ["BackwardNotDefined", "KernelNotFound", "__version__", "last_kernel", "ops", "rl", "trace", "use_backend"]
 
 
 def __getattr__(name: str) -> ModuleType:

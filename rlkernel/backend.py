@@ -1,9 +1,12 @@
 """The backend interface: a small class of facts plus an op table.
 
-A backend is found by the device of the input tensors (DESIGN §4). Its class states which
+A backend is found by the device of the input tensors (docs/design.md, "Dispatch and backends"). Its class states which
 torch device types it serves, how to probe cheaply that it can run (no device
 initialisation), which kernels it has, and its verification level per architecture. Kernels
 live in per-op modules and are imported lazily on first use.
+
+This module imports nothing else of rlkernel: :mod:`rlkernel.registry` finds and selects
+backends and imports it, never the other way round.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ LEVELS = ("verified", "compiled", "unverified")
 
 
 class KernelNotFound(RuntimeError):
-    """The chosen backend has no kernel for the op; the message names those that do."""
+    """No backend that may run the op has a kernel for it; the message names those that do."""
 
 
 class Backend:
@@ -36,7 +39,8 @@ class Backend:
     kernels: ClassVar[Mapping[str, str]] = {}
     #: architecture -> level, e.g. {"sm_90": "verified"}; "*" covers any architecture
     verification: ClassVar[Mapping[str, str]] = {}
-    #: lower wins when several backends serve one device type (plugins may undercut)
+    #: per op, the usable backend with the lowest priority that declares the op runs it (plugins
+    #: may undercut the built-ins for the ops they have); < 0: used only when forced
     priority: ClassVar[int] = 100
 
     def __init__(self) -> None:
@@ -69,13 +73,9 @@ class Backend:
             return fn
         target = self.kernels.get(op)
         if target is None:
-            from rlkernel.registry import backends_with
-
-            others = [b for b in backends_with(op) if b != self.name]
-            raise KernelNotFound(
-                f"backend {self.name!r} has no kernel for {op!r}; backends that do: {others or 'none'}. "
-                f"Run on a device those backends serve, or force one with RLKERNEL_BACKEND."
-            )
+            # which other backends have it is the registry's to say (rlkernel.registry.select)
+            raise KernelNotFound(f"backend {self.name!r} has no kernel for {op!r}; `rlkernel info` lists which "
+                                 f"backend serves which op")
         module_name, func_name = target.split(":")
         module = importlib.import_module(f"{self.package}.{module_name}")
         fn = getattr(module, func_name)

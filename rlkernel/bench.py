@@ -1,11 +1,15 @@
 """``rlkernel bench``: every contract's benchmark shapes, rlkernel against native PyTorch.
 
-For each :class:`~rlkernel.contracts._contract.BenchCase` of each contract module, the native
-baseline (``case.native(**inputs)``) and the rlkernel op (``rlkernel.ops.<op>(**inputs)``) are
-timed in the same run on the same device. On CUDA: ``triton.testing.do_bench`` medians; elsewhere
-``time.perf_counter`` medians after a warm-up. Inputs smaller than 256 MB are built three times and
-rotated so that caches do not flatter small shapes. Throughput comes from the case's declared
-``flops`` and ``bytes`` formulas; ``ratio = native_ms / rlkernel_ms`` (DESIGN §7 goals).
+For each :class:`~rlkernel.contracts._contract.BenchCase` of the chosen shape set (``small`` on the
+CPU, ``large`` — the Qwen3-8B shapes of the H200 reports — on an accelerator) of each contract
+module, the native baseline (``case.native(**inputs)``) and the rlkernel op
+(``rlkernel.ops.<op>(**inputs)``) are timed in the same run on the same device. On CUDA:
+``triton.testing.do_bench`` medians; elsewhere ``time.perf_counter`` medians after a warm-up.
+Inputs smaller than 256 MB are built three times and rotated so that caches do not flatter small
+shapes. Throughput comes from the case's declared ``flops`` and ``bytes`` formulas;
+``ratio = native_ms / rlkernel_ms`` (the goals are in docs/design.md, "Performance"). An interrupt
+(Ctrl-C, or SIGTERM through the CLI) ends the run with a report of the rows measured so far,
+marked partial.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -33,6 +37,25 @@ logger = logging.getLogger(__name__)
 #: Inputs below this size are built three times and rotated between calls.
 ROTATE_BELOW_BYTES = 256 * 2**20
 ROTATIONS = 3
+
+#: Shape sets (a contract's ``BenchCase.sizes``): ``small`` keep a whole CPU run within a couple of
+#: minutes; ``large`` are the model shapes accelerators are measured on (the H200 reports).
+SHAPES = ("small", "large")
+
+
+def default_shapes(device: torch.device) -> str:
+    """``small`` on the CPU, ``large`` on an accelerator (CUDA, ROCm, NPU, ...)."""
+    return "small" if device.type == "cpu" else "large"
+
+
+class Progress(Protocol):
+    """What :func:`run` reports progress to (:class:`rlkernel.conformance.progress.StreamProgress`)."""
+
+    def start(self, total: int) -> None: ...
+
+    def update(self, row: BenchRow) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 @dataclass
@@ -48,6 +71,8 @@ class Timing:
 
 @dataclass
 class BenchRow:
+    """One bench case measured on both sides."""
+
     op: str
     case: str
     flops: float
@@ -57,6 +82,11 @@ class BenchRow:
     #: kernels that served the rlkernel side
     kernel: str | None = None
     input_sets: int = 1
+
+    @property
+    def failed(self) -> bool:
+        """Whether either side recorded an error."""
+        return bool(self.native.error or self.rlkernel.error)
 
     @property
     def ratio(self) -> float | None:
@@ -144,68 +174,104 @@ def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: to
     return timing
 
 
-def bench_module(name: str, module: ModuleType, device: torch.device, repeat: int,
-                 on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
-    """Rows for every bench case of one contract module."""
-    rows: list[BenchRow] = []
-    for case in module.bench_cases():
-        op = case.op or module.CONTRACT.name
-        row = BenchRow(op=op, case=case.name, flops=float(case.flops), bytes=float(case.bytes))
-        try:
-            first = case.make(device)
-            sets = [first] + [case.make(device) for _ in range(ROTATIONS - 1)] if input_bytes(
-                first) < ROTATE_BELOW_BYTES else [first]
-        except Exception as exc:
-            row.native.error = row.rlkernel.error = f"inputs: {type(exc).__name__}: {exc}"
-            rows.append(row)
-            if on_row:
-                on_row(row)
-            continue
-        row.input_sets = len(sets)
-        row.native = measure(case.native, sets, device, repeat, row.flops, row.bytes)
-        try:
-            fn = public_op(op)
-        except Exception as exc:
-            row.rlkernel.error = f"{type(exc).__name__}: {exc}"
-        else:
-            with trace() as calls:
-                row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
-            row.kernel = ", ".join(sorted({kernel for _, kernel in calls})) or None
-        rows.append(row)
-        if on_row:
-            on_row(row)
-        del sets, first
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+def plan(modules: dict[str, ModuleType], shapes: str) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The ``(op, case)`` pairs of shape set ``shapes``, and the modules that have none.
+
+    Raises
+    ------
+    ValueError
+        ``shapes`` is not one of :data:`SHAPES`.
+    """
+    if shapes not in SHAPES:
+        raise ValueError(f"shapes={shapes!r}; expected one of {SHAPES} (small: minutes on a CPU, large: the "
+                         f"accelerator shapes)")
+    cases: list[tuple[str, Any]] = []
+    without: list[str] = []
+    for name, module in modules.items():
+        chosen = [c for c in module.bench_cases() if shapes in c.sizes] if hasattr(module, "bench_cases") else []
+        if not chosen:
+            without.append(name)
+        cases += [(case.op or module.CONTRACT.name, case) for case in chosen]
+    return cases, without
 
 
-def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, command: list[str] | None = None,
-        missing: list[str] | None = None, on_row: Callable[[BenchRow], None] | None = None) -> dict[str, Any]:
+def bench_case(op: str, case: Any, device: torch.device, repeat: int) -> BenchRow:
+    """Time one bench case on both sides; errors are recorded in the row, not raised."""
+    row = BenchRow(op=op, case=case.name, flops=float(case.flops), bytes=float(case.bytes))
+    try:
+        first = case.make(device)
+        sets = [first] + [case.make(device) for _ in range(ROTATIONS - 1)] if input_bytes(
+            first) < ROTATE_BELOW_BYTES else [first]
+    except Exception as exc:
+        row.native.error = row.rlkernel.error = f"inputs: {type(exc).__name__}: {exc}"
+        return row
+    row.input_sets = len(sets)
+    row.native = measure(case.native, sets, device, repeat, row.flops, row.bytes)
+    try:
+        fn = public_op(op)
+    except Exception as exc:
+        row.rlkernel.error = f"{type(exc).__name__}: {exc}"
+    else:
+        with trace() as calls:
+            row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
+        row.kernel = ", ".join(sorted({kernel for _, kernel in calls})) or None
+    del sets, first
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, shapes: str | None = None,
+        command: list[str] | None = None, missing: list[str] | None = None,
+        on_row: Callable[[BenchRow], None] | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Benchmark every module; returns the ``bench.json`` document.
+
+    An interrupt (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as the CLI maps it) stops the run and
+    returns the rows measured so far with ``partial`` set: the caller writes that report and fails.
 
     Parameters
     ----------
     modules : dict of str to module
-        Contract modules by name; those without ``bench_cases`` are listed as such.
+        Contract modules by name; those without bench cases of ``shapes`` are listed as such.
     device : torch.device
         Where inputs are built and both sides run.
     repeat : int
         Timed calls per side on the CPU; on CUDA, ``do_bench`` runs for ``10 * repeat`` ms.
+    shapes : {"small", "large"}, optional
+        The shape set (default: :func:`default_shapes` of ``device``).
     command : list of str, optional
         The command line, recorded as is.
     missing : list of str, optional
         Contract modules not present in this tree, recorded as such.
     on_row : callable, optional
-        Called with each row as soon as it is measured (progress display).
+        Called with each row as soon as it is measured (an interrupt raised there also ends the run).
+    progress : Progress, optional
+        Receives ``start(total)``, ``update(row)`` and ``finish()``.
+
+    Raises
+    ------
+    ValueError
+        ``shapes`` is not one of :data:`SHAPES`.
     """
+    shapes = default_shapes(device) if shapes is None else shapes
+    cases, without = plan(modules, shapes)
     rows: list[BenchRow] = []
-    without: list[str] = []
-    for name, module in modules.items():
-        if not hasattr(module, "bench_cases"):
-            without.append(name)
-            continue
-        rows += bench_module(name, module, device, repeat, on_row)
+    interrupted: str | None = None
+    if progress is not None:
+        progress.start(len(cases))
+    try:
+        for op, case in cases:
+            row = bench_case(op, case, device, repeat)
+            rows.append(row)
+            if progress is not None:
+                progress.update(row)
+            if on_row:
+                on_row(row)
+    except KeyboardInterrupt as exc:  # report what was measured; the caller fails the run
+        interrupted = f"KeyboardInterrupt: {exc}" if str(exc) else "KeyboardInterrupt"
+    finally:
+        if progress is not None:
+            progress.finish()
     return {
         "commit": git_commit(),
         "command": command if command is not None else sys.argv,
@@ -215,6 +281,10 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, co
         "triton": package_version("triton"),
         "environment": describe(device),
         "repeat": repeat,
+        "shapes": shapes,
+        "partial": interrupted is not None,
+        "interrupted": interrupted,
+        "cases_planned": len(cases),
         "rows": [r.as_dict() for r in rows],
         "no_bench_cases": without,
         "missing_contracts": list(missing or []),
@@ -227,10 +297,14 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The ``bench.md`` table."""
-    lines = [
-        f"# rlkernel bench on {doc['device_name']} (`{doc['device']}`)",
-        "",
-        f"torch {doc['torch']}, triton {doc['triton']}, commit `{doc['commit']}`; ratio = native ms / rlkernel ms",
+    lines = [f"# rlkernel bench on {doc['device_name']} (`{doc['device']}`)", ""]
+    if doc.get("partial"):
+        lines += [f"**Partial report: interrupted ({doc['interrupted']}) after {len(doc['rows'])} of "
+                  f"{doc['cases_planned']} cases; only the rows measured before that are below.**", ""]
+    shapes = f"{doc['shapes']} shapes, " if doc.get("shapes") else ""  # reports made before --shapes lack it
+    lines += [
+        f"{shapes}torch {doc['torch']}, triton {doc['triton']}, commit `{doc['commit']}`; "
+        "ratio = native ms / rlkernel ms",
         "",
         "| op | case | native ms | rlkernel ms | ratio | rlkernel TFLOP/s | rlkernel GB/s | native GB/s "
         "| peak MiB (rlk/native) | kernel | error |",
@@ -247,7 +321,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"| {_fmt(k['tflops'], '.2f')} | {_fmt(k['gbps'], '.1f')} | {_fmt(n['gbps'], '.1f')} | {mem} "
             f"| {r['kernel'] or ''} | {err.replace('|', '/')[:200]} |"
         )
-    for key, label in (("no_bench_cases", "no bench cases"), ("missing_contracts", "contract not present")):
+    no_cases = f"no {doc['shapes']} bench cases" if doc.get("shapes") else "no bench cases"
+    for key, label in (("no_bench_cases", no_cases), ("missing_contracts", "contract not present")):
         if doc.get(key):
             lines += ["", f"{label}: " + ", ".join(doc[key])]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""The ``rlkernel`` command: ``info``, ``conformance`` and ``bench``.
+"""The ``rlkernel`` command: ``info``, ``conformance``, ``accuracy`` and ``bench``.
 
 The CLI parses arguments, calls the library and prints; the work is done in
 :mod:`rlkernel.conformance.runner`, :mod:`rlkernel.conformance.report` and :mod:`rlkernel.bench`.
@@ -60,6 +60,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, (ok, reason) in probes.items():
         if name not in backends:
             print(f"  {name:<10} {'usable' if ok else 'unusable':<9} ({reason})")
+    if backends:
+        _print_dispatch()
     print("contracts:")
     from rlkernel.contracts import load_contracts
 
@@ -73,6 +75,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name in missing:
         print(f"  {name:<17} (not present)")
     return EXIT_FAILED if broken else status
+
+
+def _print_dispatch() -> None:
+    """Per device type, which backend runs which op by default (per-op selection, registry)."""
+    import textwrap
+
+    from rlkernel.registry import serving_table
+
+    print("dispatch (per op: the usable backend with the lowest priority that has it; a forced backend runs "
+          "every op or raises):")
+    for device_type, ops in serving_table().items():
+        print(f"  {device_type}:")
+        by_backend: dict[str, list[str]] = {}
+        for op, name in ops.items():
+            by_backend.setdefault(name, []).append(op)
+        for name, names in by_backend.items():
+            text = textwrap.fill(", ".join(names), width=100, initial_indent=" " * 4 + f"{name:<10} ",
+                                 subsequent_indent=" " * 15)
+            print(text)
 
 
 def _sigterm_interrupts() -> None:
@@ -102,10 +123,13 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if result.missing_contracts:
         print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
     for r in result.records:
-        if r.failed:
+        if r.failed and r.status != "not_supported":  # those are summarised below, one entry per op
             print(f"{r.status.upper()} {r.op}/{r.case} ({r.kind}): {r.detail}")
             if r.repro:
                 print(f"  reproduce: {r.repro}")
+    if report.not_supported_line(result):
+        print(f"{report.not_supported_line(result)}: backend {result.backend} has no kernel for them "
+              f"(every case is in {paths['json']})")
     print(f"backend {result.backend} on {result.device} ({result.architecture}); reports: "
           + ", ".join(str(p) for p in paths.values()))
     if not result.records:
@@ -115,9 +139,21 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if result.records and result.ok else EXIT_FAILED
 
 
+def _bench_result(row: Any) -> str:
+    """One bench row in a few words: the ratio, or the errors."""
+    ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
+    errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
+    return f"{ratio} {errors}".strip()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Benchmark rlkernel ops against native PyTorch; write ``bench.json`` and ``bench.md``."""
+    """Benchmark rlkernel ops against native PyTorch; write ``bench.json`` and ``bench.md``.
+
+    An interrupt (Ctrl-C, SIGTERM) writes a partial report of the rows measured so far and
+    fails the command.
+    """
     from rlkernel import bench
+    from rlkernel.conformance.progress import StreamProgress
     from rlkernel.contracts import load_contracts
 
     try:
@@ -133,24 +169,55 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print(f"rlkernel bench: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return EXIT_USAGE
+    shapes = args.shapes or bench.default_shapes(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows_file = out / "bench.rows.jsonl"  # one line per row as it is measured: survives a time limit
+    rows_file = out / "bench.rows.jsonl"  # one line per row as it is measured: survives even a SIGKILL
     rows_file.write_text("")
 
-    def show(row: bench.BenchRow) -> None:
-        ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
-        errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
-        print(f"bench {row.op}/{row.case}: {ratio} {errors}".rstrip(), file=sys.stderr, flush=True)
+    def save(row: bench.BenchRow) -> None:
         with rows_file.open("a") as f:
             f.write(json.dumps(row.as_dict()) + "\n")
 
-    doc = bench.run(modules, device, args.repeat, command=["rlkernel", *sys.argv[1:]], missing=missing, on_row=show)
+    print(f"rlkernel bench: {shapes} shapes on {device} (--shapes small|large), --repeat {args.repeat}",
+          file=sys.stderr)
+    _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
+    doc = bench.run(modules, device, args.repeat, shapes=shapes, command=["rlkernel", *sys.argv[1:]],
+                    missing=missing, on_row=save, progress=StreamProgress(sys.stderr, describe=_bench_result))
     paths = bench.write(doc, out)
     print(bench.markdown(doc), end="")
     errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])
     print(f"{len(doc['rows'])} bench cases, {errors} with errors; wrote " + ", ".join(str(p) for p in paths.values()))
+    if doc["partial"]:
+        print(f"rlkernel bench: interrupted ({doc['interrupted']}) after {len(doc['rows'])} of "
+              f"{doc['cases_planned']} cases; the report is partial", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    """Measure every op against float64 next to the native kernels; write ``accuracy.{json,md}``."""
+    from rlkernel.conformance.accuracy import report, runner
+
+    device = torch.device(args.device) if args.device else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    size = args.size or ("full" if device.type != "cpu" else "small")
+    _sigterm_interrupts()
+    try:
+        rows = runner.run(device, size, args.op)
+    except KeyboardInterrupt:
+        print("rlkernel accuracy: interrupted; no report written", file=sys.stderr)
+        return EXIT_FAILED
+    doc = report.document(rows, device, size, ["rlkernel", *sys.argv[1:]])
+    paths = report.write(doc, Path(args.out))
+    for row in rows:
+        if row["status"] in ("below native", "error"):
+            detail = row.get("error") or "{metric} {rlkernel:.3g} vs native {native:.3g}".format(**row["verdict"])
+            print(f"{row['status'].upper()} {row['op']}/{row['dataset']}: {detail}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    print(", ".join(f"{n} {s}" for s, n in sorted(doc["summary"].items())))
+    bad = doc["summary"].get("below native", 0) + doc["summary"].get("error", 0)
+    return EXIT_FAILED if bad else EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,12 +244,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help="stop at the first case that does not pass (the cases left count as not run)")
     conf.set_defaults(func=cmd_conformance, full=False)
 
+    acc = sub.add_parser("accuracy", help="measure every op against float64, next to the native kernels")
+    acc.add_argument("--device", help="device (default: cuda if available, else cpu)")
+    acc.add_argument("--size", choices=("small", "full"),
+                     help="problem sizes: small (CI, seconds on a CPU) or full (Qwen3 widths, long context; "
+                          "default on accelerators)")
+    acc.add_argument("--op", action="append", help="public op to measure (repeatable; default: all)")
+    acc.add_argument("--out", default="accuracy-report", help="output directory (default: %(default)s)")
+    acc.set_defaults(func=cmd_accuracy)
+
     bench = sub.add_parser("bench", help="time rlkernel ops against native PyTorch ops")
     bench.add_argument("--op", action="append", help="contract module to bench (repeatable; default: all present)")
     bench.add_argument("--device", help="device (default: cuda if available, else cpu)")
     bench.add_argument("--out", default="bench-report", help="output directory (default: %(default)s)")
     bench.add_argument("--repeat", type=int, default=10,
                        help="timed calls per side on the CPU; on CUDA do_bench runs 10*N ms (default: %(default)s)")
+    bench.add_argument("--shapes", choices=("small", "large"),
+                       help="shape set: small (a whole CPU run in minutes) or large (the Qwen3-8B shapes of the "
+                       "H200 reports); default: small on cpu, large on an accelerator")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism with exact collectives over ``torch.distributed`` (DESIGN R4, §6).
+"""Tensor parallelism with exact collectives over ``torch.distributed`` (docs/numerics.md R4).
 
 Every rank gets the bits of the single-device computation, for any TP degree and any
 backend (gloo on CPU, NCCL/RCCL/HCCL on accelerators):

@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from rlkernel.ops.rl import MODES, PARTIAL_SLOTS, group_advantages, kl_k3, masked_mean, ppo_loss
+from rlkernel.ops import group_advantages, kl_k3, masked_mean, ppo_loss
+from rlkernel.ops._rl import MODES, PARTIAL_SLOTS
 
 __all__ = [
     "MODES",

@@ -15,8 +15,8 @@ casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
 loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit.
 
-Interpreter limits (DESIGN §5), and how the kernels avoid them: bf16 ``tl.dot`` is wrong in it
-(the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
+Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
+``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
 kernel uses fma: contraction is off and the static checks forbid it); casts may truncate (every
 rounding cast here is integer bit arithmetic, or fp32 -> fp16, which numpy rounds to nearest
 even). The interpreter checks indexing, masking and the arithmetic sequence; the GPU run

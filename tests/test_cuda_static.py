@@ -1,5 +1,5 @@
 """Static checks of the CUDA backend: every Triton kernel compiles for sm_90 on the CPU and its PTX
-holds no forbidden instruction (DESIGN §5); a deliberately non-conforming kernel is flagged.
+holds no forbidden instruction (docs/design.md, "Conformance"); a deliberately non-conforming kernel is flagged.
 
 Needs Triton (with its bundled ptxas) but no GPU. Compiling every kernel takes a few minutes on
 a small machine; compiled kernels are cached by Triton afterwards.

@@ -313,7 +313,7 @@ def test_bad_inputs_raise_clear_errors(call, exc, match):
 
 
 def test_term_bound_is_checked(monkeypatch):
-    import rlkernel.ops.rl as ops_rl
+    import rlkernel.ops._rl as ops_rl
 
     monkeypatch.setattr(ops_rl, "MAX_TERMS", 10)
     with pytest.raises(ValueError, match="superaccumulator bound"):

@@ -53,8 +53,10 @@ def test_rejects_bad_inputs():
         sample(**{**a, "logits": torch.zeros((1, (1 << 18) + 1))})
     with pytest.raises(TypeError, match="seed must be a torch.Tensor"):
         sample(**{**a, "seed": 5})
-    with pytest.raises(TypeError, match="seed has dtype int32"):
+    with pytest.raises(TypeError, match="seed has dtype int32"):  # a 64-bit pattern: int32 would change it
         sample(**{**a, "seed": a["seed"].int()})
+    with pytest.raises(TypeError, match="position has dtype int16; expected one of int64, int32"):
+        sample(**{**a, "position": a["position"].short()})
     with pytest.raises(ValueError, match=r"position has shape \(3,\); expected \[B\] = \[4\]"):
         sample(**{**a, "position": a["position"][:3]})
     with pytest.raises(TypeError, match="temperature has dtype float64"):
@@ -133,6 +135,11 @@ def test_dispatch_reports_the_kernel():
 
 
 # --- semantics ---------------------------------------------------------------------------------
+
+def test_int32_position_gives_the_tokens_of_int64_position():
+    a = inputs()
+    assert_tokens(sample(**a), sample(**{**a, "position": a["position"].int()}), "int32 position")
+
 
 def test_greedy_top1_and_top_p_zero_pick_the_argmax():
     a = inputs(b=6, v=50, tag="greedy")

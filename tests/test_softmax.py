@@ -151,6 +151,16 @@ def test_bad_inputs(fn, args, kwargs, error, match) -> None:  # type: ignore[no-
         fn(*args, **kwargs)
 
 
+def test_dtype_message_lists_each_allowed_dtype_once() -> None:
+    # For float32 x the message used to read "expected None (x's dtype), torch.float32 or torch.float32".
+    with pytest.raises(TypeError) as info:
+        softmax(torch.ones(2, 3), dtype=torch.float16)
+    assert "expected None (x's dtype) or torch.float32. Cast" in str(info.value)
+    with pytest.raises(TypeError) as info:
+        log_softmax(torch.ones(2, 3, dtype=torch.bfloat16), dtype=torch.float16)
+    assert "expected None (x's dtype), torch.bfloat16 or torch.float32. Cast" in str(info.value)
+
+
 def test_length_bound_is_checked() -> None:
     x = torch.zeros(1, (1 << 22) + 1, dtype=torch.bfloat16)
     for fn in (softmax, log_softmax):

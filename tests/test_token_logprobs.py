@@ -55,14 +55,28 @@ def _run(op: str, **kw):
 
 # --- errors -------------------------------------------------------------------------------------
 
+def test_int32_targets_give_the_bits_of_int64_targets():
+    # int32 targets used to be refused while embedding took int32 ids; both widths are token ids.
+    a = inputs()
+    expected = token_logprobs(a["hidden"], a["weight"], a["targets"])
+    assert_bits(expected, token_logprobs(a["hidden"], a["weight"], a["targets"].int()), "int32 targets")
+    shard = a["weight"][3:]
+    row_max = token_logprobs_partial(a["hidden"], shard, a["targets"], 3)
+    assert_bits(row_max, token_logprobs_partial(a["hidden"], shard, a["targets"].int(), 3), "phase 1")
+    wide = token_logprobs_partial(a["hidden"], shard, a["targets"], 3, row_max=row_max)
+    narrow = token_logprobs_partial(a["hidden"], shard, a["targets"].int(), 3, row_max=row_max)
+    for w, n, what in zip(wide, narrow, ("sum_int", "target_d")):
+        assert_bits(w, n, f"phase 2 {what}")
+
+
 def test_rejects_bad_dtypes_and_shapes():
     a = inputs()
     with pytest.raises(TypeError, match="hidden has dtype float32; expected one of bfloat16, float16"):
         token_logprobs(a["hidden"].float(), a["weight"], a["targets"])
     with pytest.raises(TypeError, match="hidden is torch.bfloat16 but weight is torch.float16"):
         token_logprobs(a["hidden"], a["weight"].half(), a["targets"])
-    with pytest.raises(TypeError, match="targets has dtype int32"):
-        token_logprobs(a["hidden"], a["weight"], a["targets"].int())
+    with pytest.raises(TypeError, match="targets has dtype int16; expected one of int64, int32"):
+        token_logprobs(a["hidden"], a["weight"], a["targets"].short())
     with pytest.raises(ValueError, match=r"expected \[T, H\] and \[V, H\] with the same H"):
         token_logprobs(a["hidden"], a["weight"][:, :5], a["targets"])
     with pytest.raises(ValueError, match="expected one target per row"):

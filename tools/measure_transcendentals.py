@@ -1,6 +1,6 @@
 """Measure the contract exp_c/log_c against float64 truth and check reference == generic bits.
 
-Accuracy is a separate, clearly labelled report (DESIGN §5): truth is NumPy's float64
+Accuracy is a separate, clearly labelled report (docs/design.md, "Conformance"): truth is NumPy's float64
 ``exp``/``log`` of the float64-converted input; the error of a result ``y`` is
 ``|y - truth| / ulp(truth)`` in float64, with ``ulp(t) = 2**(floor(log2|t|) - 23)`` bounded
 below by 2**-149 (the subnormal spacing) and above by 2**104 (the top binade). "Correctly

@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--op", action="append", required=True, help="contract module (repeatable)")
     parser.add_argument("--case", action="append", help="substring of the bench case names to keep")
+    parser.add_argument("--shapes", choices=("small", "large"), default="large",
+                        help="bench shape set (default: %(default)s, the shapes of the H200 reports)")
     parser.add_argument("--set", action="append", default=[], help="MODULE.ATTR=VALUE before the run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tag", default="", help="label of this variant in the output")
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for module in modules.values():
         for case in module.bench_cases():
-            if args.case and not any(s in case.name for s in args.case):
+            if args.shapes not in case.sizes or (args.case and not any(s in case.name for s in args.case)):
                 continue
             op = case.op or module.CONTRACT.name
             inputs = case.make(device)

@@ -57,8 +57,9 @@ class CudaBackend(Backend):
         # when using hip devices, the device string in pytorch is "cuda": that is the rocm backend
         if getattr(torch.version, "hip", None):
             return False, "torch is a ROCm build; the rocm backend serves its cuda devices"
-        if torch.version.cuda is None:
-            return False, "torch was built without CUDA"
+        if torch.version.cuda is None:  # an rlkernel extra cannot fix this: torch itself must change
+            return False, (f"the installed torch {torch.__version__} was built without CUDA; install a CUDA build "
+                           f"of torch (https://pytorch.org/get-started/locally/)")
         if importlib.util.find_spec("triton") is None:
             return False, "triton is not installed (pip install 'rlkernel[cuda]')"
         return True, f"torch CUDA {torch.version.cuda}, triton available"

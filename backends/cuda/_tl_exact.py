@@ -1,7 +1,7 @@
 """Triton device functions for the exact primitives (docs/numerics.md P1-P8), R1 operations only.
 
 Every function here is ``@triton.jit`` and is inlined into the op kernels. The rules they keep
-(DESIGN R1-R6) and the static checks of ``static_checks.py`` enforce:
+(docs/numerics.md R1-R6) and the static checks of ``static_checks.py`` enforce:
 
 - fp32 arithmetic is ``+ - *`` (``add.f32``/``mul.f32``, round to nearest even) and
   ``tl.math.div_rn`` / ``tl.math.sqrt_rn``; never ``/`` on floats (``div.full``), never

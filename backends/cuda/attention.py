@@ -1,4 +1,4 @@
-"""``attention`` and ``attention_paged`` on Triton (contract ``attention`` v1, DESIGN R4a).
+"""``attention`` and ``attention_paged`` on Triton (contract ``attention`` v1, docs/numerics.md R4a).
 
 One program per (block of BLOCK_M packed rows, sequence, KV head): the rows are (query token,
 query head) pairs of the query heads that share the KV head (GQA packing), so each key/value

@@ -1,4 +1,4 @@
-"""Static kernel checks: compile every kernel for sm_90 on the CPU and scan the PTX (DESIGN §5).
+"""Static kernel checks: compile every kernel for sm_90 on the CPU and scan the PTX (docs/design.md, "Conformance").
 
 No GPU is needed: ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
 90, 32))`` produces PTX (and, with ptxas, a cubin). The PTX is scanned for instructions that

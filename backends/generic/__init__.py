@@ -3,7 +3,8 @@
 Digit GEMMs run on the device's own matmul (exact per R4), sums are integer sums, and
 elementwise math is R1 operations and the contract exp/log built from them. It never calls a
 contract's reference. As ``cpu`` it serves CPU tensors by default; as ``generic`` it can be
-forced (``RLKERNEL_BACKEND=generic``) onto any device, e.g. CUDA, Ascend NPU or MUSA.
+forced (``RLKERNEL_BACKEND=generic``) onto any device, e.g. CUDA, Ascend NPU or MUSA. For a
+new device type, :func:`generic_backend` makes a backend class that serves it by default.
 """
 
 from __future__ import annotations
@@ -60,3 +61,68 @@ class GenericBackend(Backend):
         if device.type == "cpu":
             return platform.machine()
         return device.type
+
+
+def generic_backend(device_type: str, name: str | None = None, priority: int = 100,
+                    verification: dict[str, str] | None = None) -> type[GenericBackend]:
+    """A backend class running the generic kernels on ``device_type`` tensors, for a vendor to register.
+
+    The quickest way to run every op on a new device type: register the returned class
+    through the entry-point group ``rlkernel.backends``, run the conformance suite, then add
+    fast kernels in a backend of your own with a lower priority: dispatch is per op, so your
+    kernels take the ops they have and the generic ones keep the rest.
+
+    Parameters
+    ----------
+    device_type : str
+        The torch device type served (``"npu"``, ``"musa"``, a renamed PrivateUse1 type).
+    name : str, optional
+        Unique backend name (``RLKERNEL_BACKEND``, ``--backend``, reports); default
+        ``"generic-<device_type>"``.
+    priority : int
+        Per op, the usable backend with the lowest priority that has the op runs it; ``< 0``:
+        used only when forced. Default 100 (the built-in ``cpu`` backend's).
+    verification : dict of str to str, optional
+        Architecture -> ``verified`` / ``compiled`` / ``unverified``; default ``{"*": "unverified"}``
+        (``verified`` only with a committed conformance report for that architecture).
+
+    Returns
+    -------
+    type[GenericBackend]
+        A new subclass; subclass it again to override ``probe()`` or ``architecture()``.
+
+    Raises
+    ------
+    ValueError
+        ``device_type`` or ``name`` is empty, or ``device_type`` holds an index (``"npu:0"``).
+
+    Examples
+    --------
+    In the vendor package (``rlkernel_acme/__init__.py``)::
+
+        from rlkernel.backends.generic import generic_backend
+
+        AcmeGeneric = generic_backend("acme", name="acme-generic")
+
+    and in its ``pyproject.toml``::
+
+        [project.entry-points."rlkernel.backends"]
+        acme-generic = "rlkernel_acme:AcmeGeneric"
+    """
+    if not isinstance(device_type, str) or not device_type or ":" in device_type:
+        raise ValueError(f"generic_backend: device_type = {device_type!r}; expected a torch device type without "
+                         f"an index, e.g. 'npu'")
+    backend_name = f"generic-{device_type}" if name is None else name
+    if not isinstance(backend_name, str) or not backend_name:
+        raise ValueError(f"generic_backend: name = {name!r}; expected a non-empty backend name")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"generic_backend: priority must be an int, got {type(priority).__name__}")
+    attrs = {
+        "__doc__": f"The generic kernels on {device_type!r} tensors (made by generic_backend).",
+        "name": backend_name,
+        "device_types": (device_type,),
+        "priority": priority,
+        "verification": dict(verification) if verification is not None else {"*": "unverified"},
+    }
+    cls_name = "".join(part.capitalize() for part in f"generic_{device_type}".replace("-", "_").split("_"))
+    return type(f"{cls_name}Backend", (GenericBackend,), attrs)

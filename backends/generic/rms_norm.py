@@ -9,11 +9,16 @@ from __future__ import annotations
 import torch
 
 from rlkernel.backends.generic._exact.fixed import F_SUM, exact_sum
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, sqrt_rn
+from rlkernel.backends.generic._exact.fp32 import cast_out, sqrt_rn
 
 #: Elements per row chunk (the int64 grid terms of one chunk are 8x this in bytes).
 CHUNK_ELEMENTS = 1 << 22
 MAX_HIDDEN = 1 << 22
+
+
+def _round_h(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The normalised row rounded to x's dtype before the gain (Hugging Face's order), as fp32."""
+    return h if dtype == torch.float32 else h.to(dtype).to(torch.float32)
 
 
 def _rows(xf: torch.Tensor, w: torch.Tensor, n: torch.Tensor, eps: torch.Tensor, one: torch.Tensor,
@@ -21,10 +26,8 @@ def _rows(xf: torch.Tensor, w: torch.Tensor, n: torch.Tensor, eps: torch.Tensor,
     sq = xf * xf
     s = exact_sum(sq, dim=-1, frac_bits=F_SUM, op="rms_norm", keepdim=True)
     r = one / sqrt_rn(s / n + eps)
-    h = xf * r
-    if out_dtype != torch.float32:
-        h = h.to(out_dtype).to(torch.float32)
-    return canonical_nan((w * h).to(out_dtype))
+    h = _round_h(xf * r, out_dtype)
+    return cast_out(w * h, out_dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

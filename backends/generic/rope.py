@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from rlkernel.backends.generic._exact.fp32 import canonical_nan
+from rlkernel.backends.generic._exact.fp32 import cast_out
 
 CHUNK_ELEMENTS = 1 << 22
+
+
+def _split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotate-half (NeoX) pairs as views: ``(t[..., :D/2], t[..., D/2:])``."""
+    half = t.shape[-1] // 2
+    return t[..., :half], t[..., half:]
+
+
+def _rotate(x1: torch.Tensor, x2: torch.Tensor, c: torch.Tensor,
+            s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(RN(RN(x1*c) - RN(x2*s)), RN(RN(x2*c) + RN(x1*s)))``: each product rounded, no FMA."""
+    return x1 * c - x2 * s, x2 * c + x1 * s
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -30,7 +42,6 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return out
-    half = x.shape[-1] // 2
     per_token = x[0].numel()
     step = max(1, CHUNK_ELEMENTS // per_token)
     for start in range(0, x.shape[0], step):
@@ -38,9 +49,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
         c, s = cos.index_select(0, pos), sin.index_select(0, pos)
         if x.dim() == 3:
             c, s = c.unsqueeze(1), s.unsqueeze(1)
-        xf = x[start:start + step].to(torch.float32)
-        x1, x2 = xf[..., :half], xf[..., half:]
-        y = out[start:start + step]
-        y[..., :half] = canonical_nan((x1 * c - x2 * s).to(x.dtype))
-        y[..., half:] = canonical_nan((x2 * c + x1 * s).to(x.dtype))
+        y1, y2 = _rotate(*_split(x[start:start + step].to(torch.float32)), c, s)
+        out1, out2 = _split(out[start:start + step])
+        out1[...] = cast_out(y1, x.dtype)
+        out2[...] = cast_out(y2, x.dtype)
     return out

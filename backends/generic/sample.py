@@ -29,6 +29,11 @@ _P_BITS = 24
 _MASK32 = 0xFFFFFFFF
 
 
+def _temper(x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """``z = x ÷ tau``: the IEEE division of two fp32 tensors (not a multiply by 1 / tau)."""
+    return x / tau
+
+
 def _first(mask: torch.Tensor) -> torch.Tensor:
     """Index of the first True per row (V if none)."""
     v = mask.shape[-1]
@@ -75,6 +80,16 @@ def _gumbel_at(seed: torch.Tensor, position: torch.Tensor, ids: torch.Tensor) ->
     return _gumbel(uniform_from_u32(r, check=False))
 
 
+def _cut(total: torch.Tensor, pnum: torch.Tensor) -> torch.Tensor:
+    """``floor(total * pnum / 2**P)`` exactly in int64 (total < 2**58, pnum <= 2**P)."""
+    return (total >> _P_BITS) * pnum + (((total & ((1 << _P_BITS) - 1)) * pnum) >> _P_BITS)
+
+
+def _top_p_keeps(rank: torch.Tensor, before: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """The top-p rule: the first-ranked token, and every token whose predecessors sum below the cut."""
+    return (rank == 0) | (before < cut)
+
+
 def _kept_prefix(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept set of each row as a prefix of the rank order: ``(ids [rows, n], count [rows])``.
 
@@ -101,8 +116,7 @@ def _kept_prefix(z: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> tuple
         before = cum - q
         total = cum[:, -1:]
         pnum = to_fixed(top_p.clamp(max=1.0), torch.zeros((), dtype=torch.int64, device=dev), _P_BITS).view(-1, 1)
-        cut = (total >> _P_BITS) * pnum + (((total & ((1 << _P_BITS) - 1)) * pnum) >> _P_BITS)
-        keep = keep & ((rank == 0) | ~use_p.view(-1, 1) | (before < cut))
+        keep = keep & (~use_p.view(-1, 1) | _top_p_keeps(rank, before, _cut(total, pnum)))
     return ids, keep.sum(dim=-1)
 
 
@@ -128,7 +142,7 @@ def _rows(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p
     v = x.shape[1]
     greedy = temperature == 0
     one = torch.ones((), dtype=torch.float32, device=x.device)
-    z = x / torch.where(greedy, one, temperature).view(-1, 1)  # IEEE division of two fp32 tensors
+    z = _temper(x, torch.where(greedy, one, temperature).view(-1, 1))
     nan = torch.isnan(z)
     pinf = z == float("inf")
     has_nan, has_pinf = nan.any(dim=-1), pinf.any(dim=-1)

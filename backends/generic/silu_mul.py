@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import torch
 
-from rlkernel.backends.generic._exact.fp32 import canonical_nan
+from rlkernel.backends.generic._exact.fp32 import cast_out
 from rlkernel.backends.generic._exact.transcendental import exp_c
 
 CHUNK_ELEMENTS = 1 << 22
+
+
+def _silu(g: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
+    """``RN32(g ÷ RN32(1 + exp_c(-g)))``: IEEE division, not a reciprocal multiply."""
+    return g / (one + exp_c(torch.neg(g)))
+
+
+def _round_s(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """silu rounded to the activation dtype before the product with up (Hugging Face's order), as fp32."""
+    return s if dtype == torch.float32 else s.to(dtype).to(torch.float32)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -34,9 +44,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     g_flat, u_flat, y_flat = gate.reshape(-1), up.reshape(-1), out.view(-1)
     for start in range(0, g_flat.numel(), CHUNK_ELEMENTS):
         stop = start + CHUNK_ELEMENTS
-        g = g_flat[start:stop].to(torch.float32)
-        s = g / (one + exp_c(torch.neg(g)))
-        if dtype != torch.float32:
-            s = s.to(dtype).to(torch.float32)
-        y_flat[start:stop] = canonical_nan((s * u_flat[start:stop].to(torch.float32)).to(dtype))
+        s = _round_s(_silu(g_flat[start:stop].to(torch.float32), one), dtype)
+        y_flat[start:stop] = cast_out(s * u_flat[start:stop].to(torch.float32), dtype)
     return out

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from rlkernel.backends.generic._exact.fixed import F_SUM, exact_sum
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, nan_max
+from rlkernel.backends.generic._exact.fp32 import cast_out, nan_max
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
 
 CHUNK_ELEMENTS = 1 << 22
@@ -43,7 +43,7 @@ def _rows(x: torch.Tensor, dtype: torch.dtype | None, op: str,
     step = max(1, CHUNK_ELEMENTS // n)
     for start in range(0, x2.shape[0], step):
         d, p, big_l = _row_terms(x2[start:start + step].to(torch.float32), op)
-        y2[start:start + step] = canonical_nan(finish(d, p, big_l).to(out_dtype))
+        y2[start:start + step] = cast_out(finish(d, p, big_l), out_dtype)
     return out
 
 

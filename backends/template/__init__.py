@@ -1,6 +1,6 @@
 """A template backend: copy this package to start a new vendor backend. It is never registered.
 
-A backend is a small class of facts plus an op table (DESIGN §4, STYLE "Layout"). Kernels live
+A backend is a small class of facts plus an op table (docs/design.md, "Dispatch and backends"). Kernels live
 in per-op modules beside this file (``rms_norm.py`` defining ``rms_norm(**inputs)``) and are
 imported on first use. Copy the package (in-tree as ``backends/<vendor>/`` and add it to
 ``rlkernel.registry._BUILTINS``, or out of tree as your own package registered through the
@@ -58,9 +58,11 @@ class TemplateBackend(Backend):
         (``sm_90``, ``gfx942``, ``ascend910b``)."""
         return device.type
 
-    def static_checks(self) -> list[tuple[str, str, bool, str]]:
+    def static_checks(self, ops: list[str] | None = None) -> list[tuple[str, str, bool, str]]:
         """Optional: compile the kernels for each target without the hardware and scan the code for
         forbidden instructions (approximate exp/log/div/rsqrt, flush-to-zero, contracted fma, float
         atomics in reductions). Each result is ``(op, case, passed, detail)``; conformance records
-        them as kind ``static``. Delete the method if there is nothing to check statically."""
+        them as kind ``static``. ``ops`` is the ``--op`` filter of ``rlkernel conformance`` (None:
+        every op): compile only those ops' kernels. Delete the method if there is nothing to check
+        statically."""
         return []

@@ -1,4 +1,4 @@
-"""Reference digit matmul (docs/numerics.md P5, DESIGN R4).
+"""Reference digit matmul (docs/numerics.md P5, R4).
 
 ``C = X @ W.T`` exactly, for integer matrices on a 21-bit signed grid. The reference splits
 each operand into two base-1024 halves and runs four float64 GEMMs; every partial sum is an

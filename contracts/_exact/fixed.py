@@ -1,4 +1,4 @@
-"""Reference fixed-point sums (docs/numerics.md P4, DESIGN R3).
+"""Reference fixed-point sums (docs/numerics.md P4, R3).
 
 A sum places every term on the grid ``2**(E - F)``, rounds each term half-to-even to an
 integer, adds the integers exactly (int64) and rounds the total once. The order of the

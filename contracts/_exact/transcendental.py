@@ -6,7 +6,7 @@ returns the same bits; the device-generic implementation in
 ``rlkernel.backends.generic._exact.transcendental`` is written independently and
 conformance compares the two on every fp32 bit pattern (``tools/measure_transcendentals.py``).
 
-Rules of the sequence (DESIGN R1): only fp32 ``+ - *``, no fused multiply-add, no
+Rules of the sequence (docs/numerics.md R1): only fp32 ``+ - *``, no fused multiply-add, no
 flush-to-zero, integer operations and exact conversions; each line below is one rounding.
 Nothing here calls a math library: ``torch.round`` (ties to even) is exact on the values it
 sees, ``torch.frexp`` only reads the exponent field, and powers of two are built from bits.

@@ -11,10 +11,13 @@ from __future__ import annotations
 from rlkernel.ops.all_reduce import all_reduce
 from rlkernel.ops.attention import attention, attention_paged
 from rlkernel.ops.embedding import embedding
+from rlkernel.ops.group_advantages import group_advantages
+from rlkernel.ops.kl_k3 import kl_k3
 from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial
-from rlkernel.ops.rl import group_advantages, kl_k3, masked_mean, ppo_loss
+from rlkernel.ops.masked_mean import masked_mean
+from rlkernel.ops.ppo_loss import ppo_loss
 from rlkernel.ops.rms_norm import rms_norm
-from rlkernel.ops.rope import rope, rope_tables
+from rlkernel.ops.rope import rope, rope_table_rows, rope_tables
 from rlkernel.ops.sample import sample
 from rlkernel.ops.silu_mul import silu_mul
 from rlkernel.ops.softmax import log_softmax, softmax
@@ -23,6 +26,6 @@ from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, t
 __all__ = [
     "all_reduce", "attention", "attention_paged", "embedding", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
-    "rms_norm", "rope", "rope_tables", "sample", "silu_mul", "softmax", "token_logprobs",
+    "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "silu_mul", "softmax", "token_logprobs",
     "token_logprobs_finish", "token_logprobs_partial",
 ]

@@ -4,13 +4,17 @@ sequences with a KV cache and over a paged KV cache (contract ``attention`` v1).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from numbers import Real
 
+import numpy as np
 import torch
 
 from rlkernel import _validate as val
 from rlkernel import dispatch
-from rlkernel.contracts.attention import MAX_KEYS, resolve_scale
+
+#: Largest number of keys of one sequence: R_ij, Vint_j <= 2**20, so sums stay below 2**63.
+MAX_KEYS = 1 << 22
 
 _INTS = (torch.int32, torch.int64)
 
@@ -59,13 +63,48 @@ def _cu_seqlens(op: str, name: str, cu: torch.Tensor, total: int, axis: str) -> 
     return c
 
 
+def default_scale(head_dim: int) -> float:
+    """``RN32(1 / sqrt(head_dim))``, correctly rounded (a host constant, R8), as a Python float.
+
+    Written independently of the contract's (which cuts an integer square root): start from the
+    float64 estimate and step through the fp32 neighbours until ``1/sqrt(D)`` lies between the
+    two rounding midpoints around the candidate, comparing exactly (``1/sqrt(D) < m`` iff
+    ``m * m * D > 1``, m a dyadic rational). There are no ties: a midpoint has 25 significant
+    bits ending in 1, so ``1 / m**2`` is never an integer D.
+
+    Parameters
+    ----------
+    head_dim : int
+        D >= 1.
+
+    Returns
+    -------
+    float
+        A binary32 value (exactly representable in fp32).
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"attention: head_dim = {head_dim!r}; expected an int >= 1")
+    c = np.float32(1.0 / math.sqrt(head_dim))
+    for _ in range(8):
+        here = Fraction(float(c))
+        low = (here + Fraction(float(np.nextafter(c, np.float32(0))))) / 2
+        high = (here + Fraction(float(np.nextafter(c, np.float32(np.inf))))) / 2
+        if low * low * head_dim > 1:  # 1/sqrt(D) < low: c is too large
+            c = np.nextafter(c, np.float32(0))
+        elif high * high * head_dim < 1:  # 1/sqrt(D) > high: too small
+            c = np.nextafter(c, np.float32(np.inf))
+        else:
+            return float(c)
+    raise RuntimeError(f"attention: the default scale for head_dim {head_dim} did not converge")  # pragma: no cover
+
+
 def _scale(op: str, scale: object, head_dim: int) -> float:
     if scale is None:
-        return resolve_scale(None, head_dim)
+        return default_scale(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, Real):
         raise TypeError(f"{op}: scale must be a Python float or None, got {type(scale).__name__}; "
                         f"pass e.g. scale=1/math.sqrt(head_dim), or None for that default")
-    value = resolve_scale(float(scale), head_dim)
+    value = float(torch.tensor(float(scale), dtype=torch.float32))  # RN32, once (overflow: inf, refused below)
     if not math.isfinite(value):
         raise ValueError(f"{op}: scale = {scale!r} is not finite in fp32; expected a finite value "
                          f"(|scale| < 3.4e38)")

@@ -10,23 +10,6 @@ from rlkernel import dispatch
 __all__ = ["embedding"]
 
 
-class _NoBackward(torch.autograd.Function):
-    """Forward is the gather; backward raises (an exact scatter-add is not part of contract v1)."""
-
-    @staticmethod
-    def forward(ctx, ids, weight):  # type: ignore[no-untyped-def,override]
-        return dispatch.call("embedding", weight.device, ids=ids, weight=weight)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
-        raise RuntimeError(
-            "rlkernel.ops.embedding: backward is not implemented. Its gradient is a scatter-add of the "
-            "output gradients into weight rows, which torch computes with float atomics in an order that "
-            "varies between runs and devices, so rlkernel does not offer it silently. Freeze the embedding "
-            "(weight.requires_grad_(False)) or compute the gradient with an exact sum of your own"
-        )
-
-
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Gather rows of an embedding table, bit for bit.
 
@@ -54,8 +37,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     -----------------
     No arithmetic: each output row holds the bits of its weight row (-0, subnormals and
     infinities unchanged), every NaN replaced by the canonical NaN of the dtype (P8). Each row
-    depends only on its own id: invariant to batch composition, order and repeats, and
-    identical under autograd. Backward raises ``RuntimeError`` (not in contract v1).
+    depends only on its own id: invariant to batch composition, order and repeats. No backward
+    (an exact scatter-add is not in contract v1; torch's uses float atomics whose order varies):
+    a weight that requires grad, with grad mode on, raises
+    ``rlkernel.dispatch.BackwardNotDefined`` at the call — freeze the table
+    (``weight.requires_grad_(False)``) or call under ``torch.no_grad()``.
 
     Contract: ``embedding``, version 1.
     """
@@ -76,8 +62,5 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
                              f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
                              f"vocabulary size against the embedding table")
-    if torch.is_grad_enabled() and weight.requires_grad:
-        out = _NoBackward.apply(flat, weight)
-    else:
-        out = dispatch.call(op, device, ids=flat, weight=weight)
+    out = dispatch.call(op, device, ids=flat.to(torch.int64), weight=weight)  # kernels receive int64 ids
     return out.reshape(*ids.shape, hidden)

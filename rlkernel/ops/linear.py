@@ -109,20 +109,25 @@ class LinearFunction(torch.autograd.Function):
     """Autograd for :func:`linear`; the backward runs the same exact digit matmul (documented there)."""
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, out_dtype):  # type: ignore[no-untyped-def,override]
+    def forward(ctx, x, weight, bias, out_dtype):  # type: ignore[no-untyped-def,override]
+        x2 = _rows(x)
         ctx.save_for_backward(x2, weight)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return dispatch.call("linear", x2.device, x=x2, weight=weight, bias=bias, out_dtype=out_dtype)
+        ctx.x_shape = x.shape
+        y = dispatch.call("linear", x2.device, x=x2, weight=weight, bias=bias, out_dtype=out_dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
         x2, weight = ctx.saved_tensors
+        grad = _rows(grad)
         m, n = grad.shape
         gy = grad.to(x2.dtype)  # dY rounded to the input dtype (RNE): the digit matmul takes bf16/fp16
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             _backward_bound("dX = dY @ weight", "N (output features)", n)
             gx = dispatch.call("linear", gy.device, x=gy, weight=weight.T, bias=None, out_dtype=x2.dtype)
+            gx = gx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             _backward_bound("dW = dY.T @ x", "M (rows)", m)
         if ctx.needs_input_grad[1]:
@@ -195,15 +200,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bias = _check_bias(op, bias, n)
     out = _check_out_dtype(op, out_dtype, x.dtype)
     device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias)])
-    lead = tuple(x.shape[:-1])
-    x2 = _rows(x)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad:
-        y = LinearFunction.apply(x2, weight, bias, out)
-    else:
-        y = dispatch.call(op, device, x=x2, weight=weight, bias=bias, out_dtype=out)
-    return y.reshape(*lead, n)
+        y: torch.Tensor = LinearFunction.apply(x, weight, bias, out)
+        return y
+    y = dispatch.call(op, device, x=_rows(x), weight=weight, bias=bias, out_dtype=out)
+    return y.reshape(*x.shape[:-1], n)
 
 
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,6 +223,7 @@ def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tenso
     -------
     ex : Tensor, int64, [*]
     ew : Tensor, int64, [N]
+        Integers: not differentiable; computed without grad even when x or weight requires grad.
 
     Bitwise semantics
     -----------------
@@ -235,7 +239,8 @@ def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tenso
     op = "linear_exponents"
     x, weight = _check_operands(op, x, weight)
     device = v.same_device(op, [("x", x), ("weight", weight)])
-    ex, ew = dispatch.call(op, device, x=_rows(x), weight=weight)
+    with torch.no_grad():  # integer exponents: nothing to differentiate, inputs that require grad are fine
+        ex, ew = dispatch.call(op, device, x=_rows(x), weight=weight)
     return ex.reshape(x.shape[:-1]), ew
 
 
@@ -262,6 +267,8 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: 
     ValueError
         An exponent outside [-148, 128] and not the sentinel, or below its row's own exponent
         (the grid would exceed 21 bits), or K_shard > 2**22.
+    rlkernel.dispatch.BackwardNotDefined
+        x or weight requires grad with grad mode on: the int64 partial would drop the gradient.
 
     Bitwise semantics
     -----------------
@@ -277,6 +284,7 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: 
     ex = _check_exponents(op, "ex", ex, lead, "one per row of x")
     ew = _check_exponents(op, "ew", ew, (n,), "one per row of weight")
     device = v.same_device(op, [("x", x), ("weight", weight), ("ex", ex), ("ew", ew)])
+    dispatch.refuse_grad(op, {"x": x, "weight": weight})  # before the exponent check below
     x2, ex2 = _rows(x), ex.reshape(-1)
     own_x, own_w = dispatch.call("linear_exponents", device, x=x2, weight=weight)
     for name, given, own in (("ex", ex2, own_x), ("ew", ew, own_w)):

@@ -1,7 +1,9 @@
-"""``rlkernel.ops.rope`` and ``rope_tables``: bitwise-reproducible rotary embedding (contract ``rope`` v1).
+"""``rlkernel.ops.rope``, ``rope_tables`` and ``rope_table_rows``: bitwise-reproducible rotary
+embedding (contract ``rope`` v1).
 
-The cos/sin tables are host constants (R8) computed by the contract
-(:func:`rlkernel.contracts.rope.rope_tables`, correctly rounded) and cached per
+The cos/sin tables are host constants (R8), every entry the exact value correctly rounded to
+fp32, computed by the product's own implementation (:mod:`rlkernel.ops._rope_tables`, written
+independently of the contract's; conformance pins both to the same bits) and cached per
 ``(head_dim, theta, device)``, grown on demand to the largest position seen; rows never
 change when a table grows, so the cache cannot change a bit.
 """
@@ -11,14 +13,14 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
 import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch
-from rlkernel.contracts import rope as _contract
+from rlkernel.ops._rope_tables import MAX_POSITION, table_rows
 
-#: Positions must lie in [0, MAX_POSITION) (2**24).
-MAX_POSITION = _contract.MAX_POSITION
+__all__ = ["MAX_POSITION", "clear_table_cache", "rope", "rope_table_rows", "rope_tables"]
 #: Smallest number of rows a cached table is built with.
 MIN_TABLE_ROWS = 4096
 #: Largest growth step of a cached table (rows); below it a table doubles.
@@ -62,8 +64,9 @@ def rope_tables(max_position: int, head_dim: int, theta: float = 1e6,
     Bitwise semantics
     -----------------
     Each entry is the exact real value rounded once to nearest-even fp32 (a float64 fast
-    path with a proven error bound, entries near an fp32 midpoint recomputed with mpmath at
-    60 digits); identical on every host and device. Contract ``rope`` v1.
+    path with a proven error bound, entries near an fp32 midpoint recomputed in ``decimal``
+    and rounded by exact comparison; :mod:`rlkernel.ops._rope_tables`); identical on every
+    host and device. Contract ``rope`` v1.
     """
     op = "rope_tables"
     if isinstance(max_position, bool) or not isinstance(max_position, int) or not 0 <= max_position <= MAX_POSITION:
@@ -73,6 +76,50 @@ def rope_tables(max_position: int, head_dim: int, theta: float = 1e6,
     _check_config(op, head_dim, theta)
     cos, sin = _tables(head_dim, float(theta), torch.device(device or "cpu"), max_position)
     return cos[:max_position], sin[:max_position]
+
+
+def rope_table_rows(positions: torch.Tensor, head_dim: int, theta: float = 1e6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the RoPE tables at the given positions, without the rows in between.
+
+    ``cos[t, i] = RN32(cos(positions[t] * theta**(-2i/head_dim)))``, ``sin[t, i] = RN32(sin(...))``
+
+    Parameters
+    ----------
+    positions : Tensor, int64 or int32, [T]
+        Positions in [0, 2**24), any order, repeats allowed, on any device.
+    head_dim : int
+        Even head dimension D; the rows have D / 2 columns.
+    theta : float
+        RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
+
+    Returns
+    -------
+    cos, sin : Tensor, float32, [T, head_dim // 2], on positions' device
+
+    Raises
+    ------
+    TypeError
+        positions is not an int64/int32 tensor; head_dim not an int; theta not a number.
+    ValueError
+        positions not 1-D or outside [0, 2**24); odd head_dim; theta not finite and > 0.
+
+    Bitwise semantics
+    -----------------
+    Row t equals row ``positions[t]`` of :func:`rope_tables` bit for bit (computed on the
+    host, R8). Contract ``rope`` v1.
+    """
+    op = "rope_table_rows"
+    v.tensor(op, "positions", positions)
+    v.dtype(op, "positions", positions, (torch.int64, torch.int32))
+    v.ndim(op, "positions", positions, 1, "[T], one position per row")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"{op}: head_dim must be an int, got {type(head_dim).__name__}")
+    _check_config(op, head_dim, theta)
+    host = positions.detach().to("cpu", torch.int64).numpy()
+    if host.size and (host.min() < 0 or host.max() >= MAX_POSITION):
+        raise ValueError(f"{op}: positions span [{host.min()}, {host.max()}]; expected every position in [0, 2**24)")
+    cos, sin = table_rows(host, head_dim, float(theta))
+    return torch.from_numpy(cos).to(positions.device), torch.from_numpy(sin).to(positions.device)
 
 
 def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,8 +132,8 @@ def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tup
         if old >= rows and have is not None:
             return have
         new = min(MAX_POSITION, max(rows, old + min(old, MAX_TABLE_GROWTH), MIN_TABLE_ROWS))
-        cos, sin = _contract.table_rows(torch.arange(old, new).numpy(), head_dim, theta)
-        cos, sin = cos.to(device), sin.to(device)
+        cos_np, sin_np = table_rows(np.arange(old, new, dtype=np.int64), head_dim, theta)
+        cos, sin = torch.from_numpy(cos_np).to(device), torch.from_numpy(sin_np).to(device)
         if have is not None:
             cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
         _cache[key] = (cos, sin)
@@ -111,7 +158,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
         Queries or keys of T tokens (a packed batch: tokens of any sequences, in any order);
         D even. A ``[T, D]`` input is one head per token. Non-contiguous views (q/k slices of
         a fused qkv projection) are accepted (read through a contiguous copy).
-    positions : Tensor, int64, [T], on x's device
+    positions : Tensor, int64 or int32, [T], on x's device
         Position of each token in its sequence, in [0, 2**24).
     theta : float
         RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
@@ -123,7 +170,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     Raises
     ------
     TypeError
-        Not tensors, unsupported dtypes (positions must be int64), theta not a number.
+        Not tensors, unsupported dtypes (positions must be int64 or int32), theta not a number.
     ValueError
         Bad shapes, odd D, positions outside [0, 2**24), devices differ, theta not > 0.
 
@@ -140,9 +187,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     v.tensor(op, "x", x)
     v.tensor(op, "positions", positions)
     v.dtype(op, "x", x, v.FLOATS)
-    if positions.dtype != torch.int64:
-        raise TypeError(f"{op}: positions has dtype {str(positions.dtype).replace('torch.', '')}; expected int64. "
-                        f"Cast it with positions.long()")
+    v.dtype(op, "positions", positions, (torch.int64, torch.int32))
     v.ndim(op, "x", x, (2, 3), "[T, n_heads, D] or [T, D]")
     v.ndim(op, "positions", positions, 1, "[T], one position per token")
     if positions.shape[0] != x.shape[0]:
@@ -159,4 +204,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
                              f"Positions are per sequence; reset them at each sequence start")
         rows = hi + 1
     cos, sin = _tables(head_dim, float(theta), device, rows)
-    return dispatch.call(op, device, x=v.contiguous(x), positions=positions, cos=cos, sin=sin)
+    return dispatch.call(op, device, x=v.contiguous(x), positions=v.contiguous(positions.to(torch.int64)), cos=cos,
+                         sin=sin)

@@ -17,14 +17,15 @@ def _per_row(op: str, name: str, value: object, b: int, device: torch.device, dt
              kind: str) -> torch.Tensor:
     """A [B] tensor of ``dtype`` from a tensor (checked) or a Python scalar (broadcast)."""
     if isinstance(value, torch.Tensor):
-        v.dtype(op, name, value, (dtype,))
+        # a position may be int32 like any id; a seed is a 64-bit pattern, so it must be int64
+        v.dtype(op, name, value, (dtype, torch.int32) if name == "position" else (dtype,))
         if tuple(value.shape) != (b,):
             raise ValueError(f"{op}: {name} has shape {tuple(value.shape)}; expected [B] = [{b}] (one value per "
                              f"row of logits) or a Python {kind} for every row")
         if value.device != device:
             raise ValueError(f"{op}: {name} is on {value.device} but logits is on {device}; move all inputs to "
                              f"one device")
-        return v.contiguous(value)
+        return v.contiguous(value.to(dtype))
     if isinstance(value, bool) or not isinstance(value, numbers.Integral if dtype == torch.int64 else numbers.Real):
         raise TypeError(f"{op}: {name} must be a {str(dtype).replace('torch.', '')} tensor [B] or a Python {kind}, "
                         f"got {type(value).__name__}")
@@ -63,12 +64,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
         >= 0; >= 1 = off; 0 keeps only the most likely token.
     seed : Tensor, int64, [B]
         Per-request seed, read as a uint64 bit pattern (any int64 value).
-    position : Tensor, int64, [B]
+    position : Tensor, int64 or int32, [B]
         Position of the token being drawn (>= 0): each position gets fresh noise.
 
     Returns
     -------
     Tensor, int64, [B]
+        Token ids: not differentiable; computed without grad even when logits require grad.
 
     Raises
     ------
@@ -114,5 +116,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     _check_values(op, "top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)")
     _check_values(op, "top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)")
     _check_values(op, "position", pos_t < 0, pos_t, "a token position >= 0")
-    return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
-                         seed=seed_t, position=pos_t)
+    with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
+        return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
+                             seed=seed_t, position=pos_t)

@@ -24,8 +24,10 @@ def _prepare(op: str, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> t
         raise ValueError(f"{op}: dim = {dim} is out of range for x of shape {tuple(x.shape)}; "
                          f"expected -{x.dim()} <= dim < {x.dim()}")
     if dtype is not None and dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"{op}: dtype = {dtype} is not supported for x of dtype {x.dtype}; expected None "
-                        f"(x's dtype), {x.dtype} or torch.float32. Cast the result if you need another dtype")
+        names = list(dict.fromkeys(["None (x's dtype)", str(x.dtype), "torch.float32"]))  # float32 x: listed once
+        allowed = ", ".join(names[:-1]) + " or " + names[-1]
+        raise TypeError(f"{op}: dtype = {dtype} is not supported for x of dtype {x.dtype}; expected {allowed}. "
+                        f"Cast the result if you need another dtype")
     dim = dim % x.dim()
     n = x.shape[dim]
     if n > MAX_N:

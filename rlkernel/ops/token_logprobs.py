@@ -16,6 +16,8 @@ from rlkernel import dispatch
 MAX_VOCAB = 1 << 22
 #: Largest hidden size of the digit matmul: K * 2**40 < 2**63.
 MAX_HIDDEN = 1 << 22
+#: Token ids may come as int64 or int32 (as for embedding); the kernels always receive int64.
+_IDS = (torch.int64, torch.int32)
 
 _SEMANTICS = """
     Bitwise semantics
@@ -53,7 +55,7 @@ def _operands(op: str, hidden: object, weight: object, targets: object, weight_n
     v.dtype(op, "hidden", hidden, v.HALF)
     v.dtype(op, weight_name, weight, v.HALF)
     v.same_dtype(op, "hidden", hidden, weight_name, weight)
-    v.dtype(op, "targets", targets, (torch.int64,))
+    v.dtype(op, "targets", targets, _IDS)
     v.ndim(op, "hidden", hidden, 2, "[T, H] (tokens, hidden size); flatten batch axes first")
     v.ndim(op, weight_name, weight, 2, f"[{'Vs' if weight_name != 'weight' else 'V'}, H] (nn.Linear layout)")
     v.ndim(op, "targets", targets, 1, "[T], one target token id per row of hidden")
@@ -91,7 +93,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         Final hidden states (after the last norm), one row per token.
     weight : Tensor, hidden's dtype, [V, H]
         LM head (``nn.Linear`` layout), V <= 2**22, on hidden's device.
-    targets : Tensor, int64, [T]
+    targets : Tensor, int64 or int32, [T]
         Token whose log-probability is wanted, in [0, V).
     temperature : float
         Logits are divided by ``fp32(temperature)``; must be > 0 and finite in fp32 (default 1).
@@ -123,7 +125,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
                          f"accumulation with 40 fraction bits; shard the vocabulary (token_logprobs_partial)")
     _targets_in(op, targets, 0, vocab, f"V = {vocab}")
     return dispatch.call(op, device, hidden=v.contiguous(hidden), weight=v.contiguous(weight),
-                         targets=v.contiguous(targets), temperature=tau)
+                         targets=v.contiguous(targets.to(torch.int64)), temperature=tau)
 
 
 def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
@@ -144,7 +146,7 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
     hidden : Tensor, bfloat16 or float16, [T, H]
     weight_shard : Tensor, hidden's dtype, [Vs, H]
         Rows ``vocab_start .. vocab_start + Vs - 1`` of the full LM head.
-    targets : Tensor, int64, [T]
+    targets : Tensor, int64 or int32, [T]
         Global token ids in [0, 2**22) (the same tensor on every shard).
     vocab_start : int
         Global id of the shard's first row; ``vocab_start + Vs <= 2**22``.
@@ -189,7 +191,8 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
         v.same_device(op, [("hidden", hidden), ("row_max", row_max)])
         row_max = v.contiguous(row_max)
     return dispatch.call(op, device, hidden=v.contiguous(hidden), weight_shard=v.contiguous(weight_shard),
-                         targets=v.contiguous(targets), vocab_start=start, temperature=tau, row_max=row_max)
+                         targets=v.contiguous(targets.to(torch.int64)), vocab_start=start, temperature=tau,
+                         row_max=row_max)
 
 
 def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torch.Tensor:

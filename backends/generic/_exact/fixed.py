@@ -24,6 +24,11 @@ def sum_bound_error(op: str, count: int, frac_bits: int = F_SUM) -> ValueError |
     )
 
 
+def _rounds_up(q: torch.Tensor, rem: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+    """Round half to even: does the magnitude ``q + rem / (2 * half)`` round up to ``q + 1``?"""
+    return (rem > half) | ((rem == half) & ((q & 1) == 1))
+
+
 def to_fixed(t: torch.Tensor, e: torch.Tensor, frac_bits: int = F_SUM) -> torch.Tensor:
     """``RNE(t * 2**(F - e))`` as int64 for fp32 ``t`` (non-finite -> 0); ``e`` broadcasts."""
     b = bits_of(t)
@@ -36,7 +41,7 @@ def to_fixed(t: torch.Tensor, e: torch.Tensor, frac_bits: int = F_SUM) -> torch.
     q = sig >> r
     rem = sig - (q << r)
     half = torch.ones_like(r) << (r - 1)
-    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(torch.int64)
+    q = q + _rounds_up(q, rem, half).to(torch.int64)
     mag = torch.where(shift >= 0, left, q)
     return torch.where((b >> 31) == 1, -mag, mag)
 

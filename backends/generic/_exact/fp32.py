@@ -55,6 +55,11 @@ def scale_pow2(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (y * pow2_f32(a)) * pow2_f32(k - a)
 
 
+def _int_rounds_up(q: torch.Tensor, rem: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+    """int64 -> fp32 rounding, half to even: does ``q + rem / (2 * half)`` round up to ``q + 1``?"""
+    return (rem > half) | ((rem == half) & ((q & 1) == 1))
+
+
 def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
     """Round int64 to fp32 (nearest, ties to even) in integer arithmetic, then convert exactly."""
     mag = s.abs()
@@ -62,7 +67,7 @@ def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
     q = mag >> drop
     rem = mag - (q << drop)
     half = torch.where(drop > 0, torch.ones_like(drop) << (drop - 1).clamp(min=0), torch.zeros_like(drop))
-    up = (drop > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    up = (drop > 0) & _int_rounds_up(q, rem, half)
     q = q + up.to(torch.int64)  # q <= 2**24: exact in fp32
     out = scale_pow2(q.to(torch.float32), drop)
     return torch.where(s < 0, -out, out)

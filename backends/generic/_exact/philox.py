@@ -14,9 +14,11 @@ _M0 = 0xD2511F53
 _M1 = 0xCD9E8D57
 _W0 = 0x9E3779B9
 _W1 = 0xBB67AE85
+_ROUNDS = 10
 _LOW32 = 0xFFFFFFFF
 _ONE_BITS = 0x3F800000  # 1.0f
 _HALF_ULP_BITS = 0x33800000  # 2**-24
+_U_SHIFT = 9  # u keeps the top 32 - 9 = 23 bits of r
 
 
 def _words(name: str, t: torch.Tensor, n: int, check: bool) -> torch.Tensor:
@@ -69,11 +71,11 @@ def philox4x32(counter: torch.Tensor, key: torch.Tensor, check: bool = True) -> 
     lead = torch.broadcast_shapes(ctr.shape[:-1], k.shape[:-1])
     x0, x1, x2, x3 = (w for w in ctr.expand(*lead, 4).unbind(-1))
     key0, key1 = (w for w in k.expand(*lead, 2).unbind(-1))
-    for i in range(10):
+    for i in range(_ROUNDS):
         hi_a, lo_a = _mul_hi_lo(x0, _M0)
         hi_b, lo_b = _mul_hi_lo(x2, _M1)
         x0, x1, x2, x3 = (hi_b ^ x1) ^ key0, lo_b, (hi_a ^ x3) ^ key1, lo_a
-        if i < 9:
+        if i < _ROUNDS - 1:
             key0 = (key0 + _W0) & _LOW32
             key1 = (key1 + _W1) & _LOW32
     return torch.stack((x0, x1, x2, x3), dim=-1)
@@ -104,7 +106,7 @@ def uniform_from_u32(r: torch.Tensor, check: bool = True) -> torch.Tensor:
         raise TypeError(f"uniform_from_u32: expected int64 words in [0, 2**32) (or int32/uint32), got {r.dtype}")
     if r.dtype == torch.int64 and check and bool(((r >> 32) != 0).any()):
         raise ValueError("uniform_from_u32: values outside [0, 2**32); reduce them modulo 2**32 first")
-    top23 = (r.to(torch.int64) & _LOW32) >> 9
+    top23 = (r.to(torch.int64) & _LOW32) >> _U_SHIFT
     one_plus = (top23 | _ONE_BITS).to(torch.int32).view(torch.float32)  # 1 + top23 * 2**-23
     one = torch.tensor(_ONE_BITS, dtype=torch.int32, device=r.device).view(torch.float32)
     half_ulp = torch.tensor(_HALF_ULP_BITS, dtype=torch.int32, device=r.device).view(torch.float32)

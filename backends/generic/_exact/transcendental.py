@@ -37,6 +37,7 @@ _PINF = 0x7F800000
 _NINF = 0xFF800000
 _ABS_MASK = 0x7FFFFFFF
 _MIN_NORMAL_BITS = 0x00800000
+_F_HEAD_MASK = -4096  # log: f truncated to its 12 leading significand bits (12 low encoding bits cleared)
 
 # exp: (e^r - 1 - r) / r^2 ~ E0 + E1 r + E2 r^2 + E3 r^3 + E4 r^4
 _E0 = 0x3EFFFFFE  # 0.4999999403953552
@@ -70,6 +71,18 @@ def _require_fp32(name: str, x: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected a float32 tensor, got {x.dtype}; cast with x.float() first")
 
 
+def _round_k(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k, float(k))``, ``k = rne(t)`` for fp32 |t| < 2**22: one add of 1.5 * 2**23 (ties to even).
+
+    The integer sits in the low significand bits of ``t + 1.5 * 2**23``; subtracting the
+    constant again is exact.
+    """
+    rounder = _f32(_ROUNDER, t.device)
+    shifted = t + rounder
+    k = shifted.view(torch.int32) - _ROUNDER
+    return k, shifted - rounder
+
+
 def exp_c(x: torch.Tensor) -> torch.Tensor:
     """Contract exponential ``y = exp_c(x) ~ e**x`` of fp32, device-generic.
 
@@ -99,10 +112,7 @@ def exp_c(x: torch.Tensor) -> torch.Tensor:
     dead = is_nan | overflow | underflow
     xr = torch.where(dead, torch.zeros_like(x), x)
 
-    rounder = _f32(_ROUNDER, dev)
-    shifted = xr * _f32(_LOG2E, dev) + rounder  # two roundings: the product, then to an integer
-    k = shifted.view(torch.int32) - _ROUNDER  # the integer sits in the low significand bits
-    kf = shifted - rounder  # exact
+    k, kf = _round_k(xr * _f32(_LOG2E, dev))  # t = RN(x * log2e), then k = rne(t)
 
     # Cody-Waite: the product with LN2_HI and the subtraction are exact
     r_hi = xr - kf * _f32(_LN2_HI, dev)
@@ -177,7 +187,7 @@ def log_c(x: torch.Tensor) -> torch.Tensor:
     hi = ef * _f32(_LN2_HI, dev)  # exact
     lo = ef * _f32(_LN2_LO, dev)
 
-    f_head = (f.view(torch.int32) & -4096).view(torch.float32)  # 12 significant bits
+    f_head = (f.view(torch.int32) & _F_HEAD_MASK).view(torch.float32)  # 12 significant bits
     f_tail = f - f_head  # exact
     sq_head = half * (f_head * f_head)  # exact
     sq_tail = half * (f_tail * (f + f_head))  # f^2/2 - sq_head, rounded

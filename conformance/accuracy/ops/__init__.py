@@ -1,0 +1,20 @@
+"""Accuracy measurements, one module per op (the same stem as ``rlkernel.ops``)."""
+
+from __future__ import annotations
+
+import importlib
+
+from rlkernel.conformance.accuracy.suite import Measurement
+
+#: Modules in report order; each defines ``measurements() -> list[Measurement]``.
+MODULES = ("linear", "token_logprobs", "attention", "rms_norm", "rope", "silu_mul", "softmax", "embedding",
+           "all_reduce", "sample", "rl")
+
+
+def all_measurements(ops: list[str] | None = None) -> list[Measurement]:
+    """Every measurement, optionally only those of the public ops ``ops``."""
+    found: list[Measurement] = []
+    for name in MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        found += [m for m in module.measurements() if ops is None or m.op in ops]
+    return found
