@@ -1,4 +1,4 @@
-"""Mutants of the generic ``attention`` and ``attention_paged`` (contract ``attention``, DESIGN R4a).
+"""Mutants of the generic ``attention`` and ``attention_paged`` (contract ``attention``, docs/numerics.md R4a).
 
 Scores are P5 digit dot products of q and k rows scaled once; p = exp_c(s - m); the denominator
 L and the numerator weights R sit on 2**-20 grids; V rows on their own 21-bit grids.
