@@ -51,6 +51,27 @@ CONTRACT = Contract(
         "block_table": (torch.int32, torch.int64),
         "seq_lens_k": (torch.int32, torch.int64),
     },
+    parameters={
+        "qk_grid_bits": "scores by P5: q and k rows on 21-bit grids RNE(x * 2**(20 - e)), the exact integer dot "
+                        "product rounded once to fp32 and scaled by 2**(e_q + e_k - 40)",
+        "grid_rounding": "placing q, k and V values on their row grids rounds to nearest, ties to even",
+        "row_exponent": "e = expo(max finite |x|) of each q, k and V row (P1)",
+        "qk_nonfinite": "a q row or an allowed k row holding NaN or +-inf makes its scores, hence the output, NaN",
+        "score_scale": "s = RN32(y * scale_f): scale_f = RN32(scale), default RN32(1 / sqrt(D)) correctly "
+                       "rounded (host constant, R8)",
+        "score_rounding": "two roundings: y = RN32 of the scaled dot product, then RN32(y * scale_f)",
+        "causal_mask": "bottom-right causal: query i (0-based in its segment) sees keys 0 .. lk - lq + i",
+        "exp_c": "p = exp_c(RN32(s - m)): the contract exp (P6; coefficients pinned by the softmax contract)",
+        "p_bits": "L = sum RNE(p * 2**20) and R = RNE(p * 2**(20 + e_j - E_i)): probabilities on 2**-20 grids",
+        "p_rounding": "p is placed on its grids to nearest, ties to even",
+        "v_bits": "V rows on their own 21-bit grids Vint = RNE(v * 2**(20 - e_j)), |Vint| <= 2**20",
+        "v_exponent_rule": "E_i = max e_j over the allowed V rows that are not all zero (0 if none)",
+        "v_nonfinite": "an allowed V row holding NaN or +-inf makes the output row NaN",
+        "int_to_fp32": "O and L -> fp32 in one rounding each, to nearest, ties to even (P3)",
+        "subnormal_results": "the scaled numerator and the output keep subnormal values (no flush to zero)",
+        "output_division": "out = ldexp_c(RN32(O), E_i - 40) ÷ ldexp_c(RN32(L), -20): one IEEE fp32 division",
+        "output_cast": "fp32 -> q.dtype to nearest, ties to even (R6)",
+    },
 )
 
 
@@ -537,12 +558,48 @@ def _adv_int64_explicit_scale() -> dict[str, Any]:
     return inp
 
 
+def _adv_grid_half(scale: float) -> dict[str, Any]:
+    """One decode query, two keys with scores 0 and -scale (q = [1, 0], k = [0, 0] and [-1, 0], the
+    explicit fp32 scale): p = exp_c(-scale) lies within a hair of a half-point of the 2**-20 grid, so
+    R = RNE(p * 2**20) (in the hundreds) depends on the last bit of exp_c and of the scale, and one
+    unit of R moves the fp16 output by several ulps (the zero-score key has a zero V row)."""
+    f16 = torch.float16
+    return {"q": torch.tensor([[[1.0, 0.0]]], dtype=f16),
+            "k": torch.tensor([[[0.0, 0.0]], [[-1.0, 0.0]]], dtype=f16),
+            "v": torch.tensor([[[0.0, 0.0]], [[1.5, 1.25]]], dtype=f16),
+            "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([2]), "scale": scale, "causal": True}
+
+
+def _adv_output_tie() -> dict[str, Any]:
+    """32 keys with equal scores (p = 1, L = 2**25, the division exact) and V rows on one exponent
+    whose second column sums to 2**24 + 2**16 + 1: O = 2**20 * that is a tie of the int64 -> fp32
+    rounding, and after it the output 1 + 2**-8 is a tie of the bf16 cast. Both round to even."""
+    v = torch.zeros((32, 1, 2), dtype=torch.float64)
+    v[:, 0, 0] = 1.5  # every row's exponent is 1
+    v[:16, 0, 1] = 255 / 128  # grid value 2**20 - 2**12
+    v[16, 0, 1] = 0.25  # 2**17
+    v[17, 0, 1] = 2.0**-19  # 1
+    bf16 = torch.bfloat16
+    return {"q": torch.tensor([[[1.0, -2.0]]], dtype=bf16), "k": torch.zeros((32, 1, 2), dtype=bf16),
+            "v": v.to(bf16), "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([32]), "scale": None, "causal": True}
+
+
 def adversarial_cases() -> list[Case]:
     """Outlier keys, equal scores, zero and wide-range V rows, non-finite rows, specials,
     overflowing scores, length 1, odd head dims, strided inputs, empty segments and batches,
-    non-causal lk = 0, paged caches with NaN in every unreferenced slot."""
+    non-causal lk = 0, paged caches with NaN in every unreferenced slot; first the designed cases
+    that pin one parameter each (probabilities at grid half-points, a double tie at the output,
+    subnormal values)."""
     bf16, fp16 = torch.bfloat16, torch.float16
-    cases = []
+    cases = [
+        # exp_c(-7.3898249) * 2**20 = 647.49994 (one ulp of exp_c from 647.5); exp_c(-8.1574955) *
+        # 2**20 = 300.50009, and 300.49982 for the next fp32 scale up
+        Case("probability_at_grid_half_point_fp16", "adversarial", lambda: _adv_grid_half(7.389824867248535)),
+        Case("score_scale_last_bit_fp16", "adversarial", lambda: _adv_grid_half(8.157495498657227)),
+        Case("output_double_tie_bf16", "adversarial", _adv_output_tie),
+        Case("subnormal_values_bf16", "adversarial",
+             lambda: make_pack("subnormal_values", [(5, 5), (1, 9)], 4, 2, 64, bf16, v_std=2.0**-130)),
+    ]
     for tag, dt in (("bf16", bf16), ("fp16", fp16)):
         cases += [
             Case(f"outlier_keys_{tag}", "adversarial", lambda d=dt, t=tag: _adv_outlier_keys(d, t)),

@@ -52,6 +52,11 @@ def _exponents(t: torch.Tensor) -> torch.Tensor:
     return torch.where(finite.all(dim=1), e, torch.full_like(e, SENTINEL))
 
 
+def _round_grid(v: torch.Tensor) -> torch.Tensor:
+    """The grid rounding of P5: to the nearest integer, ties to even (``v`` holds exact scaled values)."""
+    return torch.round(v)
+
+
 def _pow2_f64(k: torch.Tensor) -> torch.Tensor:
     """float64 ``2**k`` for int64 k in [-1022, 1023], from the exponent bits."""
     return ((k + 1023) << 52).view(torch.float64)
@@ -62,7 +67,7 @@ def _grid_f64(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     live = e != SENTINEL
     scale = _pow2_f64(torch.where(live, GRID - e, torch.zeros_like(e)))  # 20 - e in [-108, 169]: exact
     t64 = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float64)
-    g = torch.round(t64 * scale.unsqueeze(1))  # exact product (<= 24 significant bits), then RNE
+    g = _round_grid(t64 * scale.unsqueeze(1))  # exact product (<= 24 significant bits), then RNE
     return torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
 
 
@@ -81,7 +86,7 @@ def _digits_f32(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     a = torch.div(s, 2, rounding_mode="floor")
     b = s - a
     tf = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float32)
-    g = torch.round((tf * pow2_f32(a).unsqueeze(1)) * pow2_f32(b).unsqueeze(1))
+    g = _round_grid((tf * pow2_f32(a).unsqueeze(1)) * pow2_f32(b).unsqueeze(1))
     g = torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
     q1 = torch.round(g * 2.0**-7)
     d0 = g - q1 * 128.0

@@ -24,12 +24,13 @@ def row_exponents(x: torch.Tensor) -> torch.Tensor:
     return exponent(finite.abs().amax(dim=-1))
 
 
-def grid_rows(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Rows on the 21-bit grid: ``RNE(x * 2**(20 - e))`` as int64 (non-finite -> 0)."""
+def grid_rows(x: torch.Tensor, e: torch.Tensor, bits: int | None = None) -> torch.Tensor:
+    """Rows on the 21-bit grid: ``RNE(x * 2**(20 - e))`` as int64 (non-finite -> 0); ``bits``
+    replaces the 20 (default :data:`GRID`)."""
     from .fixed import to_fixed
 
     finite = torch.where(torch.isfinite(x), x, 0.0).to(torch.float32)
-    return to_fixed(finite, e.unsqueeze(-1), GRID)
+    return to_fixed(finite, e.unsqueeze(-1), GRID if bits is None else bits)
 
 
 def split_digits(v: torch.Tensor) -> torch.Tensor:
