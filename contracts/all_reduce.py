@@ -35,6 +35,13 @@ CONTRACT = Contract(
     summary="``out = sum_r partials[r]`` (or max) exactly in int64; overflow of the total raises",
     invariances=("permutation", "reduction_order", "repeat"),
     dtypes={"partials": (torch.int64,)},
+    parameters={
+        "int64_range": "the exact total of each element must lie in int64 [-2**63, 2**63 - 1], both ends "
+                       "included; outside it the op raises ValueError (never a wrapped value)",
+        "intermediate_wrap": "running sums may leave int64 in some order (two's-complement wrap-around, no "
+                             "saturation): only the exact total matters",
+        "max_order": "op='max' is the maximum in the signed int64 order",
+    },
 )
 
 OPS = ("sum", "max")
@@ -121,6 +128,15 @@ def adversarial_cases() -> list[Case]:
                           [INT64_MIN, 0, -1, -1, INT64_MIN + 1]], dtype=torch.int64)
         return {"partials": t, "op": "max"}
 
+    def at_limits() -> dict[str, Any]:
+        # Totals exactly INT64_MAX and INT64_MIN (the ends of the accepted range), reached directly,
+        # from two halves, and after running sums that leave int64 (in rank order).
+        cols = [[INT64_MAX, 0, 0, 0], [INT64_MAX - 1, 1, 0, 0], [big, big - 1, 0, 0],
+                [INT64_MAX, INT64_MAX, INT64_MIN, 1],
+                [INT64_MIN, 0, 0, 0], [INT64_MIN + 5, -5, 0, 0], [-big, -big, 0, 0],
+                [INT64_MIN, INT64_MIN, INT64_MAX, 1]]
+        return {"partials": torch.tensor(cols, dtype=torch.int64).T.contiguous(), "op": "sum"}  # [world=4, 8]
+
     def noncontig() -> dict[str, Any]:
         t = _partials("nc", 3, (7, 5), 50).transpose(1, 2)  # [3, 5, 7] view
         return {"partials": t, "op": "sum"}
@@ -137,6 +153,7 @@ def adversarial_cases() -> list[Case]:
         Case(name="empty_elements_max", kind="adversarial",
              make=lambda: {"partials": torch.zeros((2, 3, 0), dtype=torch.int64), "op": "max"}),
         Case(name="noncontiguous_view", kind="adversarial", make=noncontig),
+        Case(name="totals_at_int64_limits", kind="adversarial", make=at_limits),
         Case(name="world8_full_range_sum", kind="adversarial",
              make=lambda: {"partials": _partials("wide", 8, (33,), 59), "op": "sum"}),
     ]

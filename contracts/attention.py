@@ -56,6 +56,32 @@ CONTRACT = Contract(
         "block_table": (torch.int32, torch.int64),
         "seq_lens_k": (torch.int32, torch.int64),
     },
+    parameters={
+        "qk_grid_bits": "scores by P5: q and k rows on 21-bit grids RNE(x * 2**(20 - e)), the exact integer dot "
+                        "product rounded once to fp32 and scaled by 2**(e_q + e_k - 40)",
+        "grid_rounding": "placing q, k and V values on their row grids rounds to nearest, ties to even",
+        "row_exponent": "e = expo(max finite |x|) of each q, k and V row (P1)",
+        "qk_nonfinite": "a q row or an allowed k row holding NaN or +-inf makes its scores, hence the output, NaN",
+        "score_scale": "s = RN32(y * scale_f): scale_f = RN32(scale), default RN32(1 / sqrt(D)) correctly "
+                       "rounded (host constant, R8)",
+        "score_rounding": "two roundings: y = RN32 of the scaled dot product, then RN32(y * scale_f)",
+        "causal_mask": "bottom-right causal: query i (0-based in its segment) sees keys 0 .. lk - lq + i",
+        "reference_max": "p is taken from ref = max(c, RN32(m - 64)), c the max score over allowed keys whose V "
+                         "row is not all zero (MAX_GAP = 64 nats)",
+        "exp_c": "p = exp_c(RN32(s - ref)): the contract exp (P6; coefficients pinned by the softmax contract)",
+        "p_bits": "L = sum RNE(p * 2**(40 - e_l)), e_l = expo(exp_c(m - ref)), and R = RNE(p * 2**(40 + e_j - E_i)): "
+                  "probabilities on 2**-40 grids",
+        "p_rounding": "p is placed on its grids to nearest, ties to even",
+        "v_bits": "V rows on their own 21-bit grids Vint = RNE(v * 2**(20 - e_j)), |Vint| <= 2**20",
+        "v_exponent_rule": "E_i = max e_j over the allowed V rows that are not all zero (0 if none)",
+        "v_nonfinite": "an allowed V row holding NaN or +-inf makes the output row NaN",
+        "qk_int_to_fp32": "the exact q.k integer -> fp32 in one rounding, to nearest, ties to even (P3)",
+        "int_to_fp32": "O * 2**(E_i - 60) and L * 2**(e_l - 40) -> fp32 in one rounding each, to nearest, ties "
+                       "to even (P3')",
+        "subnormal_results": "the numerator and the output keep subnormal values (no flush to zero)",
+        "output_division": "out = RN32(O 2**(E_i - 60)) ÷ RN32(L 2**(e_l - 40)): one IEEE fp32 division",
+        "output_cast": "fp32 -> q.dtype to nearest, ties to even (R6)",
+    },
 )
 
 
@@ -586,12 +612,69 @@ def _adv_sink(gap: float, value: float, dtype: torch.dtype, tag: str) -> dict[st
     return {**inputs, "q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
 
 
+def _adv_grid_half(scale: float) -> dict[str, Any]:
+    """One decode query, two keys with scores 0 and -scale (q = [1, 0], k = [0, 0] and [-1, 0], the
+    explicit fp32 scale): p = exp_c(-scale) lies within a hair of a half-point of the 2**-20 grid, so
+    R = RNE(p * 2**20) (in the hundreds) depends on the last bit of exp_c and of the scale, and one
+    unit of R moves the fp16 output by several ulps (the zero-score key has a zero V row)."""
+    f16 = torch.float16
+    return {"q": torch.tensor([[[1.0, 0.0]]], dtype=f16),
+            "k": torch.tensor([[[0.0, 0.0]], [[-1.0, 0.0]]], dtype=f16),
+            "v": torch.tensor([[[0.0, 0.0]], [[1.5, 1.25]]], dtype=f16),
+            "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([2]), "scale": scale, "causal": True}
+
+
+def _adv_output_tie() -> dict[str, Any]:
+    """32 keys with equal scores (p = 1, L = 2**25, the division exact) and V rows on one exponent
+    whose second column sums to 2**24 + 2**16 + 1: O = 2**20 * that is a tie of the int64 -> fp32
+    rounding, and after it the output 1 + 2**-8 is a tie of the bf16 cast. Both round to even."""
+    v = torch.zeros((32, 1, 2), dtype=torch.float64)
+    v[:, 0, 0] = 1.5  # every row's exponent is 1
+    v[:16, 0, 1] = 255 / 128  # grid value 2**20 - 2**12
+    v[16, 0, 1] = 0.25  # 2**17
+    v[17, 0, 1] = 2.0**-19  # 1
+    bf16 = torch.bfloat16
+    return {"q": torch.tensor([[[1.0, -2.0]]], dtype=bf16), "k": torch.zeros((32, 1, 2), dtype=bf16),
+            "v": v.to(bf16), "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([32]), "scale": None, "causal": True}
+
+
+def _adv_p_rounding(scale_exp: int) -> dict[str, Any]:
+    """One decode query and three keys with explicit scale 1: scores 0, -0.4700036 and -0.1335314
+    (bf16 dot products ``a + b 2**-8 + c 2**-16`` found by search) give ``p = 1, 0.625, 0.875``
+    exactly. V rows: key 0 sets E (value ``2**scale_exp`` in column 0); keys 1 and 2 carry a value
+    38 binades lower, each in its own column, so ``R = RNE(p * 2**(40 + e_j - E)) = RNE(2.5)`` and
+    ``RNE(3.5)``: a tie to even down and a tie to even up, each alone in its output column; key 3
+    (key 1's score, a value 37 binades lower, column 3) gives ``R = 5``, exact on this grid and not on
+    one a bit coarser.
+    ``scale_exp = -91`` puts the numerators in the fp32 subnormal range (outputs bf16 subnormals)."""
+    bf = torch.bfloat16
+    q = torch.tensor([[[1.0, 2.0**-8, 2.0**-16, 0.0]]], dtype=bf)
+    k = torch.tensor([[[0.0, 0.0, 0.0, 0.0]], [[-0.470703125, 0.1787109375, 0.09375, 0.0]],
+                      [[-0.1337890625, 0.06591796875, 0.013671875, 0.0]],
+                      [[-0.470703125, 0.1787109375, 0.09375, 0.0]]], dtype=bf)
+    big, small, less_small = 2.0**scale_exp, 2.0 ** (scale_exp - 38), 2.0 ** (scale_exp - 37)
+    v = torch.tensor([[[big, 0.0, 0.0, 0.0]], [[0.0, small, 0.0, 0.0]], [[0.0, 0.0, small, 0.0]],
+                      [[0.0, 0.0, 0.0, less_small]]], dtype=torch.float64).to(bf)
+    return {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([4]), "scale": 1.0,
+            "causal": True}
+
+
 def adversarial_cases() -> list[Case]:
     """Outlier keys, equal scores, zero and wide-range V rows, non-finite rows, specials,
     overflowing scores, length 1, odd head dims, strided inputs, empty segments and batches,
-    non-causal lk = 0, paged caches with NaN in every unreferenced slot."""
+    non-causal lk = 0, paged caches with NaN in every unreferenced slot; first the designed cases
+    that pin one parameter each (probabilities at grid half-points, a double tie at the output,
+    subnormal values)."""
     bf16, fp16 = torch.bfloat16, torch.float16
-    cases = []
+    cases = [
+        # exp_c(-7.3898249) * 2**20 = 647.49994 (one ulp of exp_c from 647.5); exp_c(-8.1574955) *
+        # 2**20 = 300.50009, and 300.49982 for the next fp32 scale up
+        Case("probability_at_grid_half_point_fp16", "adversarial", lambda: _adv_grid_half(7.389824867248535)),
+        Case("score_scale_last_bit_fp16", "adversarial", lambda: _adv_grid_half(8.157495498657227)),
+        Case("output_double_tie_bf16", "adversarial", _adv_output_tie),
+        Case("subnormal_values_bf16", "adversarial",
+             lambda: make_pack("subnormal_values", [(5, 5), (1, 9)], 4, 2, 64, bf16, v_std=2.0**-130)),
+    ]
     for tag, dt in (("bf16", bf16), ("fp16", fp16)):
         cases += [
             Case(f"outlier_keys_{tag}", "adversarial", lambda d=dt, t=tag: _adv_outlier_keys(d, t)),
@@ -612,12 +695,15 @@ def adversarial_cases() -> list[Case]:
 
     cases += [
         Case("outlier_channels_bf16", "adversarial", outlier_channels),
+        Case("p_grid_ties_bf16", "adversarial", lambda: _adv_p_rounding(0)),
+        Case("p_grid_ties_subnormal_bf16", "adversarial", lambda: _adv_p_rounding(-91)),
         # attention sinks (v2): a zero-value sink 20 and 30 nats up, a small-value one 14 nats up
         Case("sink_gap20_zero_value_bf16", "adversarial", lambda: _adv_sink(20.0, 0.0, bf16, "g20z")),
         Case("sink_gap30_zero_value_bf16", "adversarial", lambda: _adv_sink(30.0, 0.0, bf16, "g30z")),
         Case("sink_gap10_zero_value_fp16", "adversarial", lambda: _adv_sink(10.0, 0.0, fp16, "g10z")),
         Case("sink_gap14_small_value_bf16", "adversarial", lambda: _adv_sink(14.0, 1e-3, bf16, "g14s")),
         Case("sink_gap70_zero_value_bf16", "adversarial", lambda: _adv_sink(70.0, 0.0, bf16, "g70z")),
+        Case("sink_gap90_zero_value_bf16", "adversarial", lambda: _adv_sink(90.0, 0.0, bf16, "g90z")),
         Case("paged_sink_gap20_zero_value_bf16_bs8", "adversarial",
              lambda: to_paged(_adv_sink(20.0, 0.0, bf16, "pg20z"), 8, "pg20z"), op="attention_paged"),
         Case("length1_bf16", "adversarial", lambda: make_pack("length1", [(1, 1)], 4, 2, 64, bf16)),

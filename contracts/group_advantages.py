@@ -23,6 +23,15 @@ CONTRACT = Contract(
     summary="adv = d ÷ (sqrt(RN32(sum d*d) ÷ (n-1)) + eps), d = r - RN32(sum r) ÷ n, per group (row)",
     invariances=("permutation", "reduction_order", "batch", "repeat"),
     dtypes={"rewards": (torch.float32,)},
+    parameters={
+        "sum_rounding": "sum r and sum d*d are exact P10 sums rounded once to fp32, to nearest, ties to even",
+        "mean_division": "mean = RN32(sum r) ÷ fp32(n): one IEEE fp32 division (no reciprocal)",
+        "var_squares": "each square RN32(d_i * d_i) is rounded before the exact sum",
+        "var_divisor": "var = RN32(sum d*d) ÷ fp32(n - 1) (unbiased, Bessel's n - 1)",
+        "sqrt": "std = sqrt(var), the IEEE square root, correctly rounded (to nearest even)",
+        "eps": "adv = d ÷ RN32(std + fp32(eps)): eps (host-rounded to fp32, default 1e-6) added to std",
+        "singleton": "a group of n = 1 has std = +0 (adv = 0 ÷ eps = +0)",
+    },
 )
 
 
@@ -109,6 +118,10 @@ def golden_cases() -> list[Case]:
         Case("scored_G16_n16_eps1e-4", "golden", lambda: {"rewards": _scored("eps", 16, 16), "eps": 1e-4}),
         Case("scored_G512_n16", "golden", lambda: {"rewards": _scored("G512", 512, 16)}, full_only=True),
     ]
+    # group sizes that are not powers of two: fp32(n) has no exact reciprocal, so the division counts
+    for g, n in ((4, 7), (4, 12)):
+        cases.append(Case(f"binary_G{g}_n{n}", "golden", lambda g=g, n=n: {"rewards": _binary(f"{g}_{n}", g, n)}))
+        cases.append(Case(f"scored_G{g}_n{n}", "golden", lambda g=g, n=n: {"rewards": _scored(f"{g}_{n}", g, n)}))
     return cases
 
 

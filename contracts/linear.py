@@ -85,6 +85,29 @@ CONTRACT = Contract(
         "ew": (torch.int64,),
         "acc": (torch.int64,),
     },
+    parameters={
+        "x_grid_bits": "28-bit signed grids for the rows of x: X = RNE(x * 2**(27 - e)), |X| <= 2**27 (X_BITS = 27)",
+        "w_grid_bits": "21-bit signed grids for the rows of weight: Wt = RNE(w * 2**(20 - e)), |Wt| <= 2**20 "
+                       "(W_BITS = 20)",
+        "grid_rounding": "placing a value on its row grid rounds to nearest, ties to even",
+        "row_exponent": "e = expo(max finite |v|) of each row of x and of weight (P1: 2**(e-1) <= |v| < 2**e, "
+                        "a subnormal by its own binade)",
+        "zero_row_exponent": "linear_exponents gives ZERO_EXP = -149 for an all-zero row or an empty K-slice",
+        "sentinel": "linear_exponents gives SENTINEL = 2**20 for a row holding NaN or +-inf; linear_partial and "
+                    "linear_finish read that value as a non-finite row",
+        "nonfinite_rows": "a NaN or +-inf in row i of x or row j of weight makes y_ij NaN, and only those",
+        "output_rounding": "C * 2**(ex + ew - 47) rounded once, to nearest, ties to even, straight to out_dtype "
+                           "(P3'; never through fp32 or float64 first)",
+        "scale_exponent": "the scale 2**(ex + ew - 47) = 2**(ex + ew - X_BITS - W_BITS)",
+        "subnormal_results": "a result in the output's subnormal range is kept (rounded once, to nearest even), "
+                             "not flushed to zero",
+        "bias_add": "with a bias: RN_out(RN32(RN32(C * 2**(ex + ew - 47)) + fp32(bias))), one IEEE fp32 addition "
+                    "before the output cast",
+        "output_cast": "with a bias, fp32 -> out_dtype: to nearest, ties to even, overflow to +-inf (R6)",
+        "digit_product": "C = sum_k X_ik Wt_jk exactly in int64 for any K <= 2**16 - 1; the scheme is free "
+                         "(generic: two base-2**14 halves of X in float64 GEMMs on the CPU; elsewhere four and "
+                         "three balanced base-128 digits and twelve fp32 digit GEMMs over K-chunks of <= 4096)",
+    },
 )
 
 #: Magnitude bits of the activation (x) row grid: |X| <= 2**27 (28 signed bits, 4 base-128 digits).
@@ -353,12 +376,52 @@ def _scaled_rows(name: str, rows: int, k: int, shifts: list[int], dtype: torch.d
     return (base * scale).to(dtype)
 
 
+def long_k_rows(k: int) -> dict[str, torch.Tensor]:
+    """One bf16 row of x and of weight, K = 8192 or 16384, whose exact product needs its last unit.
+
+    x = w = 255/128 first (the row max: grid value 2**20 - 2**12), then K - 3 middle values, one
+    adjusting w value, and a last product 1 * 1 (x = w = 2**-19). ``C - 1`` is an fp32 tie with
+    an even floor, so a product that loses the last 1 rounds the other way. K = 8192, middle
+    -2**-13 (low digit -64): the low digit products sum to 2**24 + 1, exact in fp32 digit GEMMs
+    over K-chunks of at most 4096 only. K = 16384, middle 255/128: the grid products sum past
+    2**53 (C - 1 = float64(C)), exact in float64 GEMMs over K-chunks of at most 8192 only.
+    """
+    middle, adjust = {8192: (-(2.0**-13), 21 * 2.0**-13), 16384: (255 / 128, 94 / 128)}[k]
+    x = torch.full((1, k), middle, dtype=torch.float64)
+    x[0, 0] = 255 / 128
+    x[0, -1] = 2.0**-19
+    w = x.clone()
+    w[0, -2] = adjust
+    return {"x": x.to(BF16), "weight": w.to(BF16)}
+
+
+def _halfway(dtype: torch.dtype) -> dict[str, Any]:
+    """Products whose exact value lies off a midpoint of two ``dtype`` values by less than half an fp32
+    ulp: x rows ``[a, h, +-d, ...]`` against weight rows ``[1, 1, 1, ...]`` (``a`` a ``dtype`` value,
+    ``h`` half its ulp, ``d = 2**-(27 - mant)`` of it). One rounding from the exact integer gets every
+    output right; a rounding to fp32 first lands on the tie and goes the wrong way for half of them."""
+    mant = 8 if dtype == BF16 else 11
+    m, k = 24, 8
+    a_int = integers(_seed("halfway", dtype, "a"), (m,), 1 << (mant - 1), 1 << mant).to(torch.float64)
+    ulp = torch.pow(2.0, integers(_seed("halfway", dtype, "e"), (m,), -4, 5).to(torch.float64) - (mant - 1))
+    sign = torch.where(integers(_seed("halfway", dtype, "s"), (m,), 0, 2) == 0, -1.0, 1.0)
+    x = torch.zeros(m, k, dtype=torch.float64)
+    x[:, 0], x[:, 1], x[:, 2] = a_int * ulp, ulp / 2, sign * ulp * 2.0 ** -(26 - mant)
+    w = torch.zeros(5, k, dtype=torch.float64)
+    w[:, :3] = 1.0
+    w[1] = -w[1]
+    return {"x": x.to(dtype), "weight": w.to(dtype), "bias": None, "out_dtype": None}
+
+
 def adversarial_cases() -> list[Case]:
     """Outliers, zero and non-finite rows, subnormals, extreme exponents, ties, odd shapes."""
     cases: list[Case] = []
 
     def add(name: str, make: Any, op: str | None = None) -> None:
         cases.append(_case(name, "adversarial", make, op))
+
+    add("halfway_bf16_out", lambda: _halfway(BF16))
+    add("halfway_fp16_out", lambda: _halfway(FP16))
 
     for factor in (1000.0, 3000.0):
         for dtype in (BF16, FP16):
@@ -518,6 +581,22 @@ def adversarial_cases() -> list[Case]:
 
     add("finish_extreme_exponents", finish_extremes, op="linear_finish")
     add("finish_extreme_exponents_bf16", lambda: {**finish_extremes(), "out_dtype": BF16}, op="linear_finish")
+
+    def finish_double_rounding() -> dict[str, Any]:
+        # |C| >= 2**53 one unit above an fp32 tie (2**53 + 2**29 + 1, ...): int64 -> fp32 rounds up,
+        # int64 -> float64 -> fp32 lands on the tie and rounds to even (down).
+        vals = [(1 << 53) + (1 << 29) + 1, (1 << 54) + (1 << 30) + 1, (1 << 55) + (1 << 31) + 3,
+                (1 << 62) + (1 << 38) + 1]
+        acc = torch.tensor([vals + [-v for v in vals]], dtype=torch.int64).repeat(2, 1)
+        return {"acc": acc, "ex": torch.tensor([0, -30]), "ew": torch.zeros(8, dtype=torch.int64), "bias": None,
+                "out_dtype": FP32}
+
+    add("finish_double_rounding_ties", finish_double_rounding, op="linear_finish")
+    add("exponents_subnormal_rows", lambda: {"x": subnormals(BF16)["x"], "weight": subnormals(BF16)["weight"]},
+        op="linear_exponents")
+
+    add("long_k8192_digit_chunk_sums", lambda: {**long_k_rows(8192), "out_dtype": FP32})
+    add("long_k16384_f64_chunk_sums", lambda: {**long_k_rows(16384), "out_dtype": FP32})
     return cases
 
 

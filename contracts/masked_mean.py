@@ -33,6 +33,24 @@ CONTRACT = Contract(
     summary="mean = RN32(exact sum of the kept values) ÷ fp32(denominator or count), by token or by sequence",
     invariances=("permutation", "reduction_order", "micro_batch", "repeat"),
     dtypes={"x": (torch.float32,), "mask": (torch.bool,), "partials": (torch.int64,)},
+    parameters={
+        "limb_bits": "P10 limbs of 16 bits: a term +-m * 2**(b - 150) adds +-(m << ((b - 1) mod 16)) to limb "
+                     "(b - 1) // 16 (b = max(biased exponent, 1), m the 24-bit significand)",
+        "num_limbs": "16 term limbs (limb i weighs 2**(16 i - 149)) and one carry limb (weight 2**107): "
+                     "20 state slots, 21 with the count",
+        "lsb_exponent": "limb 0's unit is 2**-149, the fp32 subnormal quantum",
+        "slot_layout": "slots 0-15 limbs, 16 carry, 17/18/19 the counts of NaN, +inf and -inf terms, 20 the "
+                       "count of tokens or sequences",
+        "canonical_form": "canonical partial: limbs 0-15 in [0, 2**16) (floor carries), the carry limb signed",
+        "rounding": "the exact sum is rounded once to fp32: to nearest, ties to even, a sticky bit for every "
+                    "nonzero bit below the kept ones, subnormals exact",
+        "overflow": "an exact sum of magnitude >= 2**128 - 2**103 rounds to +-inf",
+        "specials": "any NaN term, or both a +inf and a -inf term: NaN; else an infinite term gives that infinity",
+        "zero_sign": "a zero exact sum (also of -0 terms only) and the empty sum are +0",
+        "seq_mean_rounding": "seq-mean-token-mean: m_b = RN32(exact sum) ÷ fp32(c_b), two roundings per "
+                             "sequence, then the exact sum of the m_b",
+        "division": "the result is S ÷ fp32(denominator or count): one IEEE fp32 division",
+    },
 )
 
 
@@ -261,6 +279,43 @@ def _tie_rounding() -> dict[str, Any]:
     return {"x": x, "mask": torch.ones_like(x, dtype=torch.bool), "denominator": 1.0}
 
 
+def _kept_specials_partial() -> dict[str, Any]:
+    """A partial holding 3 NaN, 2 +inf and 1 -inf kept terms (slots 17, 18, 19) among finite ones."""
+    x = normal(seed_of("masked_mean", "kept_specials"), (3, 6), dtype=torch.float32)
+    x[0, 1] = x[1, 4] = x[2, 2] = float("nan")
+    x[0, 3] = x[2, 5] = float("inf")
+    x[1, 0] = float("-inf")
+    x[2, 0] = float("-inf")  # masked out below: not counted
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[2, 0] = False
+    return {"x": x, "mask": mask, "partial": True}
+
+
+def _kept_nan() -> dict[str, Any]:
+    """One kept NaN among finite values (and a masked-out infinity): the mean is NaN."""
+    x = normal(seed_of("masked_mean", "kept_nan"), (3, 7), dtype=torch.float32)
+    x[1, 2] = float("nan")
+    x[0, 6] = float("inf")
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[0, 6] = False
+    return {"x": x, "mask": mask}
+
+
+def _zero_sums() -> dict[str, Any]:
+    """Kept values that cancel exactly, and rows of -0 only: every exact sum is zero, hence +0."""
+    t = 2.0**-149
+    x = torch.tensor([[1.5, -1.5, -0.0, t, -t], [-0.0, -0.0, -0.0, -0.0, -0.0], [3.0e38, -0.0, -3.0e38, 0.0, -0.0]],
+                     dtype=torch.float32)
+    return {"x": x, "mask": torch.ones_like(x, dtype=torch.bool), "denominator": 7.0}
+
+
+def _ties_partial() -> dict[str, Any]:
+    """Per-sequence sums at and near fp32 ties (1 + 2**-24 exactly, and + or - 2**-149 from it):
+    the partial of the sequence means exposes each rounding (ties to even, the sticky bit)."""
+    d = _tie_rounding()
+    return {"x": d["x"], "mask": d["mask"], "mode": "seq-mean-token-mean", "partial": True}
+
+
 def adversarial_cases() -> list[Case]:
     """Specials, masked NaN, all-masked rows and batches, ties, cancellation, subnormals, empty."""
     cases: list[Case] = []
@@ -291,6 +346,11 @@ def adversarial_cases() -> list[Case]:
         Case("denominator_int", "adversarial", lambda: _inputs("den_int", 4, 17, "seq-mean-token-sum", denominator=7)),
         Case("partials_merge_finish", "adversarial", _partials_case(False)),
         Case("partials_merge", "adversarial", _partials_case(True)),
+        Case("kept_specials_partial", "adversarial", _kept_specials_partial),
+        Case("kept_nan_token-mean", "adversarial", _kept_nan),
+        Case("zero_sums_token-mean", "adversarial", _zero_sums),
+        Case("zero_sums_seq-mean-token-mean", "adversarial", lambda: {**_zero_sums(), "mode": "seq-mean-token-mean"}),
+        Case("ties_partial_seq-mean-token-mean", "adversarial", _ties_partial),
     ]
     return cases
 

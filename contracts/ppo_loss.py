@@ -34,6 +34,21 @@ CONTRACT = Contract(
     invariances=("permutation", "batch", "micro_batch", "repeat", "autograd"),
     dtypes={"logp": (torch.float32,), "old_logp": (torch.float32,), "advantages": (torch.float32,),
             "mask": (torch.bool,), "grad_output": (torch.float32,)},
+    parameters={
+        "exp_c": "ratio r = exp_c(RN32(logp - old_logp)): the contract exp (P6; its coefficients, range "
+                 "reduction and limits are pinned by the softmax contract)",
+        "clip_bounds": "clamp(r, lo, hi) = min(max(r, lo), hi) with lo = RN32(1 - clip_low), "
+                       "hi = RN32(1 + clip_high) (host-rounded from float64, default 0.8 and 1.2)",
+        "tie_rule": "the unclipped branch is active where not (pg1 < pg2): at ties the gradient flows through pg1",
+        "dual_clip": "where A < 0 and RN32(-A * c) < tok: tok = RN32(-A * c), inactive; ties keep tok and "
+                     "stay active; c = RN32(dual_clip) (host-rounded)",
+        "aggregation": "loss = masked_mean(tok): exact P10 sums rounded once (ties to even), ÷ fp32(count "
+                       "or denominator)",
+        "grad_rounding": "grad = RN32(RN32(pg1 * g) ÷ D); seq-mean-token-mean: RN32(RN32(RN32(pg1 * g) ÷ "
+                         "fp32(c_b)) ÷ D)",
+        "grad_denominator": "D = fp32(denominator), else the mode's count: kept tokens (token-mean), "
+                            "sequences with at least one kept token (seq-mean modes)",
+    },
 )
 
 
@@ -220,6 +235,12 @@ def golden_cases() -> list[Case]:
                              grad_output=torch.tensor(0.125))),
         Case("B64_T4096", "golden", lambda: _inputs("B64_T4096", 64, 4096, spread=0.3), full_only=True),
     ]
+    # gradients whose counts (12 sequences, ragged lengths) are not powers of two: the order of the
+    # divisions by c_b and D then shows in the bits
+    for mode in MODES:
+        name = f"B12_T33_{mode}_grad"
+        cases.append(Case(name, "golden", lambda n=name, m=mode: _inputs(
+            n, 12, 33, mode=m, spread=0.3, dual_clip=3.0, grad_output=torch.tensor(1.0))))
     return cases
 
 

@@ -67,6 +67,7 @@ from ._exact.fixed import F_SUM, fixed_sum, fixed_sum_int
 from ._exact.fp32 import canonicalize, int_to_float, int_to_fp32, ldexp_c, max_r5
 from ._exact.transcendental import exp_c, log_c
 from ._gen import from_bits, integers, normal, seed_of, special_values, with_outlier_channels
+from .linear import long_k_rows
 
 CONTRACT = Contract(
     name="token_logprobs",
@@ -75,6 +76,28 @@ CONTRACT = Contract(
     invariances=("batch", "chunking", "prefill_decode", "permutation", "reduction_order", "tp_degree", "repeat"),
     dtypes={"hidden": (torch.bfloat16, torch.float16), "weight": (torch.bfloat16, torch.float16),
             "targets": (torch.int64,)},
+    parameters={
+        "hidden_grid_bits": "logits by linear v2: hidden rows on 28-bit grids RNE(h * 2**(27 - e)) (H_BITS = 27)",
+        "head_grid_bits": "LM-head rows on 21-bit grids RNE(w * 2**(20 - e)) (W_BITS = 20)",
+        "logits_grid_rounding": "placing a value on its row grid rounds to nearest, ties to even",
+        "logits_row_exponent": "e = expo(max finite |v|) of each hidden and weight row (P1)",
+        "logits_nonfinite": "a NaN or +-inf in hidden row t or weight row j makes z_tj NaN",
+        "logits_product": "C = sum_k X Wt exactly in int64 (the scheme is free; generic: four and three balanced "
+                          "base-128 digits and twelve fp32 digit GEMMs over K-chunks of <= 4096)",
+        "logits_rounding": "z = C * 2**(e_h + e_w - 47) rounded once to fp32, to nearest, ties to even (P3')",
+        "int_to_fp32": "the probability sum S -> fp32 in one rounding, to nearest, ties to even (P3; never "
+                       "through float64)",
+        "subnormal_logits": "logits in the subnormal range are kept (rounded once), not flushed to zero",
+        "temperature": "z / fp32(tau): tau rounded once to fp32 (to nearest) and one IEEE division",
+        "row_max": "m = R5 max of the logits: NaN propagates, a zero max is +0",
+        "exp_c": "p = exp_c(RN32(z - m)): the contract exp (P6; coefficients pinned by the softmax contract)",
+        "sum_grid": "L = sum_j RNE(p * 2**40) on the absolute grid 2**-40 (E = 0, F = 40), rounded once",
+        "sum_rounding": "each p is placed on the grid to nearest, ties to even",
+        "log_c": "log_c(L): the contract log (P6; coefficients pinned by the log_softmax contract)",
+        "output_rounding": "out = RN32(RN32(z_y - m) - log_c(L)): two subtractions, in that order",
+        "shard_rules": "phase 2: target_d = +0 on non-owner shards; NaN on the owner where m is not finite; "
+                       "sum_int = 0 where m is not finite",
+    },
 )
 
 #: Largest vocabulary: V * 2**40 < 2**63 (P4 absolute grid, F = 40).
@@ -406,13 +429,137 @@ def _tiny_temperature(name: str, temperature: float) -> dict[str, Any]:
     return _inputs(name, 6, 32, 50, torch.bfloat16, temperature)
 
 
+def _exact_logits(h: list[float], w: list[float], targets: list[int], width: int = 1) -> dict[str, Any]:
+    """hidden [T, width] and weight [V, width] in bf16, zero beyond column 0 (the values must be bf16):
+    logit z_tj = h_t * w_j exactly."""
+    hidden = torch.zeros((len(h), width), dtype=torch.float64)
+    weight = torch.zeros((len(w), width), dtype=torch.float64)
+    hidden[:, 0] = torch.tensor(h, dtype=torch.float64)
+    weight[:, 0] = torch.tensor(w, dtype=torch.float64)
+    return {"hidden": hidden.to(torch.bfloat16), "weight": weight.to(torch.bfloat16),
+            "targets": torch.tensor(targets, dtype=torch.int64), "temperature": 1.0}
+
+
+def _many_small_terms() -> dict[str, Any]:
+    """Per row one logit 0 (the target) and 2**17 logits -h_t, h_t = 26, 27, 27.875, 28.125:
+    p = exp_c(-h_t) = 5.6, 2.1, 0.86 and 0.67 times 2**-40, each 2**17 times.
+
+    L = 1 + 2**17 * RNE(p * 2**40) * 2**-40 = 1 + RNE(p * 2**40) * 2**-23 is exact, so
+    out = -log_c(L) shows how p was placed on the grid: a grid one bit coarser or finer, or another
+    rounding, changes L. (H = 8: beyond the Triton interpreter's work limit, which skips it.)
+    """
+    return _exact_logits([26.0, 27.0, 27.875, 28.125], [0.0] + [-1.0] * (1 << 17), [0] * 4, width=8)
+
+
+def _wide_logits() -> dict[str, Any]:
+    """Logits 0 and every bf16 value in [-32, -1/8] (row 0), and -1/2 times them (row 1): p = exp_c(d)
+    covers 1 down to 2**-46, so RNE(p * 2**40) meets every grid regime, ties included."""
+    vals = [0.0] + [-(1 + i / 128) * 2.0**e for e in range(-3, 5) for i in range(128)]
+    return _exact_logits([1.0, -0.5], vals, [0, len(vals) - 1])
+
+
+def _partial_wide_logits() -> dict[str, Any]:
+    d = _wide_logits()
+    m = max_r5(_logits(d["hidden"], d["weight"], 1.0), dim=-1)
+    return {"hidden": d["hidden"], "weight_shard": d["weight"][1:], "targets": d["targets"], "vocab_start": 1,
+            "temperature": 1.0, "row_max": m}
+
+
+def _finish_log_range() -> dict[str, Any]:
+    """256 sums L in [1, 1.41] (log_c's own range, where its polynomial shows in every bit) and
+    256 in [2**9, 2**9 * 1.41]."""
+    j = torch.arange(256, dtype=torch.int64)
+    near_one = (1 << 40) + j * (((1 << 40) * 53) // (128 * 256)) + j % 7
+    sum_int = torch.cat([near_one, near_one << 9])
+    return {"sum_int": sum_int, "target_d": torch.zeros(512, dtype=torch.float32)}
+
+
+def _phase1_long(k: int) -> dict[str, Any]:
+    """One hidden row and one weight row of K = 8192 or 16384 whose exact logit needs the last unit
+    of C (see ``linear.long_k_rows``); phase 1 returns that logit."""
+    d = long_k_rows(k)
+    return {"hidden": d["x"], "weight_shard": d["weight"], "targets": torch.zeros(1, dtype=torch.int64),
+            "vocab_start": 0, "temperature": 1.0}
+
+
+def _phase1_tiny() -> dict[str, Any]:
+    """Hidden and weight rows near 2**-70: every logit is an fp32 subnormal, and so is the row max."""
+    inputs = _inputs("partial_phase1_subnormal_logits", 3, 16, 20, torch.bfloat16)
+    h = (inputs["hidden"].to(torch.float64) * 2.0**-70).to(torch.bfloat16)
+    w = (inputs["weight"].to(torch.float64) * 2.0**-66).to(torch.bfloat16)
+    return {"hidden": h, "weight_shard": w, "targets": inputs["targets"], "vocab_start": 0, "temperature": 1.0}
+
+
+def _phase1_subnormal_tie() -> dict[str, Any]:
+    """Logits ``2**-140 (1 + 2**-10 +- 2**-25)``: in the fp32 subnormal range (quantum 2**-149) the
+    exact value is just off a tie, which one rounding decides; rounding to 24 bits first drops the
+    ``2**-25`` and leaves the tie (P3' against P3 + P2)."""
+    bf = torch.bfloat16
+    h = torch.tensor([[2.0**-70, 2.0**-80, 2.0**-95], [2.0**-70, 2.0**-80, -(2.0**-95)]], dtype=bf)
+    w = torch.tensor([[2.0**-70] * 3], dtype=bf)
+    return {"hidden": h, "weight_shard": w, "targets": torch.zeros(2, dtype=torch.int64), "vocab_start": 0,
+            "temperature": 1.0}
+
+
+def _sum_tie() -> dict[str, Any]:
+    """V = 2: logits 0 and -1.8984375 (bf16), so ``S = 2**40 + RNE(exp_c(d) 2**40)`` lies exactly half-way
+    between two fp32 values, the lower one even: the conversion of S (P3) rounds it down (found by
+    search over bf16 d)."""
+    bf = torch.bfloat16
+    return {"hidden": torch.ones((1, 1), dtype=bf), "weight": torch.tensor([[0.0], [-1.8984375]], dtype=bf),
+            "targets": torch.tensor([0])}  # out = -log_c(L) shows L's last bit
+
+
+def _sum_beyond_2_53() -> dict[str, Any]:
+    """V = 8194: 8192 logits 0 (p = 1) and two tuned logits, so ``S = 2**53 + 2**29 + 1``. Through
+    float64 the sum loses its last bit (a tie, to even) and then lands on an fp32 tie; rounded once
+    (P3) it rounds up. Logits ``w1 + w2 2**-8 + w3 2**-16`` from bf16 rows (found by search)."""
+    bf = torch.bfloat16
+    w = torch.zeros((8194, 3), dtype=bf)
+    w[8192] = torch.tensor([-7.625, 0.0625, 1.0], dtype=bf)  # RNE(exp_c(z) 2**40) = 2**29 - 65279
+    w[8193] = torch.tensor([-16.625, -3.6875, -2.125], dtype=bf)  # ... = 65280
+    h = torch.tensor([[1.0, 2.0**-8, 2.0**-16]], dtype=bf)
+    return {"hidden": h, "weight": w, "targets": torch.tensor([0])}  # out = -log_c(L) shows L's last bit
+
+
+def _phase1_nan_logit() -> dict[str, Any]:
+    """A +inf weight entry makes one logit column NaN among finite ones: the row max is NaN (R5)."""
+    inputs = _inputs("partial_phase1_nan_logit", 4, 16, 30, torch.bfloat16)
+    w = inputs["weight"].clone()
+    w[7, 2] = float("inf")
+    return {"hidden": inputs["hidden"], "weight_shard": w, "targets": inputs["targets"], "vocab_start": 0,
+            "temperature": 1.0}
+
+
+def _negative_zero_logit() -> dict[str, Any]:
+    """V = 1 and the logit -0 (the product of two subnormals underflows): the max is +0, so
+    out = (-0 - +0) - log_c(1) = -0."""
+    return {"hidden": from_bits([0x8001], torch.bfloat16).reshape(1, 1),
+            "weight": from_bits([0x0001], torch.bfloat16).reshape(1, 1),
+            "targets": torch.zeros(1, dtype=torch.int64), "temperature": 1.0}
+
+
 def adversarial_cases() -> list[Case]:
-    """Specials, outliers, zeros and ties, underflow, overflow by temperature, odd shapes."""
+    """Specials, outliers, zeros and ties, underflow, overflow by temperature, odd shapes; first the
+    designed ones that pin a single parameter (grid width and rounding, long reductions, double
+    rounding, subnormal logits, R5 max rules, log_c's own range)."""
 
     def case(name: str, make: Any, op: str | None = None) -> Case:
         return Case(name, "adversarial", make, op=op)
 
     return [
+        case("many_small_terms_v131073", _many_small_terms),
+        case("wide_logits_v1025", _wide_logits),
+        case("partial_phase2_wide_logits", _partial_wide_logits, op="token_logprobs_partial"),
+        case("finish_log_range", _finish_log_range, op="token_logprobs_finish"),
+        case("partial_phase1_long_h8192", lambda: _phase1_long(8192), op="token_logprobs_partial"),
+        case("partial_phase1_long_h16384", lambda: _phase1_long(16384), op="token_logprobs_partial"),
+        case("partial_phase1_subnormal_logits", _phase1_tiny, op="token_logprobs_partial"),
+        case("partial_phase1_subnormal_tie", _phase1_subnormal_tie, op="token_logprobs_partial"),
+        case("sum_tie_v2", _sum_tie),
+        case("sum_beyond_2_53_v8194", _sum_beyond_2_53),
+        case("partial_phase1_nan_logit", _phase1_nan_logit, op="token_logprobs_partial"),
+        case("t1_v1_negative_zero_logit", _negative_zero_logit),
         case("specials_in_hidden_bf16", lambda: _specials_hidden("specials_in_hidden_bf16", torch.bfloat16)),
         case("specials_in_hidden_fp16", lambda: _specials_hidden("specials_in_hidden_fp16", torch.float16)),
         case("inf_weight_row_fp16", lambda: _special_weight("inf_weight_row_fp16")),

@@ -47,9 +47,10 @@ ROW_BUDGET = 128
 KEY_BUDGET = 8192
 #: Longest reduction of one digit GEMM (keeps each level's partial sums below 2**24).
 RED_CHUNK = 1024
-#: Fraction bits of the probability grid and magnitude bits of the V grid (and of q/k rows).
+#: Fraction bits of the probability grid (L and R), magnitude bits of the q/k grids and of the V grid.
 P_BITS = 40
 GRID = 20
+V_BITS = 20
 #: R (<= 2**40) is split as R_hi * 2**R_SPLIT + R_lo, both limbs <= 2**20 (three base-128 digits).
 R_SPLIT = 20
 #: The reference max is at most this many nats below the row max.
@@ -101,6 +102,16 @@ def _level_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def _causal_limit(lk: torch.Tensor, lq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Bottom-right causal mask: query ``pos`` (0-based in its segment) sees keys ``< lk - lq + pos + 1``."""
+    return lk - lq + pos + 1
+
+
+def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den``: one IEEE fp32 division per element (never a reciprocal multiply)."""
+    return num / den
+
+
 class _Queries:
     """One batch of query tiles: digits, exponents and per-row key limits, heads grouped by KV head."""
 
@@ -122,7 +133,7 @@ class _Queries:
         pos = first.unsqueeze(1) + r.unsqueeze(0)  # 0-based position in the sequence's queries
         self.rows_idx = torch.where(self.valid, start.unsqueeze(1) + pos, torch.zeros_like(pos))
         # allowed keys: positions < limit (bottom-right causal, or all lk); padded rows: none
-        limit = lk.unsqueeze(1) - lq.unsqueeze(1) + pos + 1 if causal else lk.unsqueeze(1).expand(n, rows)
+        limit = _causal_limit(lk.unsqueeze(1), lq.unsqueeze(1), pos) if causal else lk.unsqueeze(1).expand(n, rows)
         limit = torch.where(self.valid, limit, torch.zeros_like(limit))
         self.limit = limit.unsqueeze(1).expand(n, group, rows).reshape(n, 1, group * rows, 1)
         self.seq, self.lk = seq, lk
@@ -130,7 +141,7 @@ class _Queries:
         x = q.index_select(0, self.rows_idx.reshape(-1)).view(n, rows, hkv, group, d)
         x = x.permute(0, 2, 3, 1, 4).reshape(n, hkv, group * rows, d)  # [n, Hkv, G*rows, D]
         self.e = row_exponents(x)  # [n, Hkv, GR]
-        self.digits = split_digits(grid_rows(x, self.e))  # [3, n, Hkv, GR, D]
+        self.digits = split_digits(grid_rows(x, self.e, GRID))  # [3, n, Hkv, GR, D]
         self.bad = (~torch.isfinite(x)).any(dim=-1)  # [n, Hkv, GR]
 
     def scatter(self, out: torch.Tensor, o: torch.Tensor) -> None:
@@ -144,7 +155,7 @@ class _Queries:
 def _scores(qs: _Queries, k: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 scores ``RN32(digit_dot(q, k) * scale)`` [n, Hkv, GR, kb] for a key block k [n, Hkv, kb, D]."""
     ek = row_exponents(k)  # [n, Hkv, kb]
-    kd = split_digits(grid_rows(k, ek)).transpose(-1, -2)  # [3, n, Hkv, D, kb]
+    kd = split_digits(grid_rows(k, ek, GRID)).transpose(-1, -2)  # [3, n, Hkv, D, kb]
     c = _level_matmul(qs.digits, kd)
     shift = (qs.e.unsqueeze(-1) + ek.unsqueeze(-2) - 2 * GRID).clamp(min=-252)  # below: +-0 either way
     s = scale_pow2(int64_to_f32(c), shift) * scale
@@ -157,7 +168,7 @@ def _v_block(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     ev = row_exponents(v)
     finite = torch.isfinite(v)
     zero = torch.where(finite, v, 0.0).abs().amax(dim=-1) == 0
-    return ev, zero, (~finite).any(dim=-1), grid_rows(v, ev)
+    return ev, zero, (~finite).any(dim=-1), grid_rows(v, ev, V_BITS)
 
 
 def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int], k_lens: list[int],
@@ -246,9 +257,9 @@ def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int
             o_hi += _level_matmul(split_digits(r >> R_SPLIT), vd)
             o_lo += _level_matmul(split_digits(r & ((1 << R_SPLIT) - 1)), vd)
 
-        num = int64_pair_to_float(o_hi, o_lo, R_SPLIT, (e_row - GRID - P_BITS).unsqueeze(-1), torch.float32)
+        num = int64_pair_to_float(o_hi, o_lo, R_SPLIT, (e_row - V_BITS - P_BITS).unsqueeze(-1), torch.float32)
         den = int64_to_float(total, e_l - P_BITS, torch.float32)
-        o = num / den.unsqueeze(-1)  # IEEE fp32 division of two tensors
+        o = _divide(num, den.unsqueeze(-1))
         o = torch.where((p_bad | v_bad).unsqueeze(-1), float("nan"), o)
         qs.scatter(out, cast_out(o, out_dtype))
     return out

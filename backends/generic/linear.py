@@ -59,6 +59,11 @@ def _exponents(t: torch.Tensor) -> torch.Tensor:
     return torch.where(finite.all(dim=1), e, torch.full_like(e, SENTINEL))
 
 
+def _round_grid(v: torch.Tensor) -> torch.Tensor:
+    """The grid rounding of P5: to the nearest integer, ties to even (``v`` holds exact scaled values)."""
+    return torch.round(v)
+
+
 def _pow2_f64(k: torch.Tensor) -> torch.Tensor:
     """float64 ``2**k`` for int64 k in [-1022, 1023], from the exponent bits."""
     return ((k + 1023) << 52).view(torch.float64)
@@ -69,7 +74,7 @@ def _grid_f64(t: torch.Tensor, e: torch.Tensor, bits: int) -> torch.Tensor:
     live = e != SENTINEL
     scale = _pow2_f64(torch.where(live, bits - e, torch.zeros_like(e)))  # bits - e in [-108, 176]: exact
     t64 = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float64)
-    g = torch.round(t64 * scale.unsqueeze(1))  # exact product (<= 24 significant bits), then RNE
+    g = _round_grid(t64 * scale.unsqueeze(1))  # exact product (<= 24 significant bits), then RNE
     return torch.where(live.unsqueeze(1), g, torch.zeros_like(g))
 
 

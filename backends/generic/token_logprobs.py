@@ -78,8 +78,18 @@ def _logit_blocks(xe: torch.Tensor, xd: torch.Tensor, xbad: torch.Tensor, weight
         z = int64_to_float(c, xe.unsqueeze(1) + we.unsqueeze(0) - H_BITS - W_BITS, torch.float32)
         z = torch.where(xbad.unsqueeze(1) | wbad.unsqueeze(0), float("nan"), z)
         if tau is not None:
-            z = z / tau  # one IEEE division of two fp32 tensors
+            z = _divide(z, tau)
         yield v0, v1, z
+
+
+def _divide(z: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """``z / tau``: one IEEE division of two fp32 tensors (never a reciprocal multiply)."""
+    return z / tau
+
+
+def _log_prob(z_target: torch.Tensor, m: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``(z_y - m) - log_c(L)``: two fp32 subtractions, in that order."""
+    return (z_target - m) - log_c(total)
 
 
 def _tau(temperature: float, device: torch.device) -> torch.Tensor | None:
@@ -137,7 +147,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         # so NaN is the only special value the sum can take.
         total = torch.where(nan, float("nan"), _total(s))
         z_target = z.gather(1, targets[t0:t1].view(-1, 1)).view(-1)
-        out[t0:t1] = (z_target - m) - log_c(total)
+        out[t0:t1] = _log_prob(z_target, m, total)
     return canonical_nan(out)
 
 

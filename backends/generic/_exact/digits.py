@@ -25,12 +25,13 @@ def row_exponents(x: torch.Tensor) -> torch.Tensor:
     return exponent(finite.abs().amax(dim=-1))
 
 
-def grid_rows(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Rows on the 21-bit grid: ``RNE(x * 2**(20 - e))`` as int64 (non-finite -> 0)."""
+def grid_rows(x: torch.Tensor, e: torch.Tensor, bits: int | None = None) -> torch.Tensor:
+    """Rows on the 21-bit grid: ``RNE(x * 2**(20 - e))`` as int64 (non-finite -> 0); ``bits``
+    replaces the 20 (default :data:`GRID`)."""
     from .fixed import to_fixed
 
     finite = torch.where(torch.isfinite(x), x, 0.0).to(torch.float32)
-    return to_fixed(finite, e.unsqueeze(-1), GRID)
+    return to_fixed(finite, e.unsqueeze(-1), GRID if bits is None else bits)
 
 
 def split_digits(v: torch.Tensor, count: int = 3) -> torch.Tensor:
@@ -43,6 +44,11 @@ def split_digits(v: torch.Tensor, count: int = 3) -> torch.Tensor:
         v = (v - d) >> 7
     digits.append(v)
     return torch.stack(digits).to(torch.float32)
+
+
+def _round_grid(v: torch.Tensor) -> torch.Tensor:
+    """The grid rounding of P5: to nearest, ties to even (exact in fp32 for the values it sees)."""
+    return torch.round(v)
 
 
 def digit_planes(t: torch.Tensor, e: torch.Tensor, bits: int, count: int) -> torch.Tensor:
@@ -60,7 +66,7 @@ def digit_planes(t: torch.Tensor, e: torch.Tensor, bits: int, count: int) -> tor
     s = bits - e
     a = torch.div(s, 2, rounding_mode="floor")
     tf = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.float32)
-    g = torch.round((tf * pow2_f32(a).unsqueeze(-1)) * pow2_f32(s - a).unsqueeze(-1))
+    g = _round_grid((tf * pow2_f32(a).unsqueeze(-1)) * pow2_f32(s - a).unsqueeze(-1))
     digits = []
     for _ in range(count - 1):
         q = torch.round(g * 2.0**-7)

@@ -20,13 +20,20 @@ import torch
 from .fp32 import bit_length, bits_of, pow2_f32
 
 NUM_LIMBS = 16
+#: Bits per limb (limb i weighs ``2**(LIMB_BITS * i + LSB_EXP)``) and the exponent of limb 0's unit.
+LIMB_BITS = 16
+LSB_EXP = -149
 STATE_SLOTS = 20
 CARRY, NAN, POS_INF, NEG_INF = 16, 17, 18, 19
 #: Raw int64 limb sums stay exact for this many terms per block (contributions < 2**39).
 BLOCK_TERMS = 1 << 23
 #: Elements handled per step (bounds the int64 temporaries: 8 bytes each, a few alive).
 STEP_ELEMENTS = 1 << 22
-_MASK16 = 0xFFFF
+
+
+def _limb_split(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(e // LIMB_BITS, e % LIMB_BITS)`` for e >= 0, as shifts (LIMB_BITS = 16)."""
+    return e >> 4, e & 15
 
 
 def _decompose(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,11 +42,12 @@ def _decompose(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     biased = (b >> 23) & 0xFF
     finite = biased != 0xFF
     m = (b & 0x7FFFFF) | ((biased > 0).to(torch.int64) << 23)
-    e = biased.clamp(min=1) - 1
-    v = m << (e & 15)
+    e = biased.clamp(min=1) - 150 - LSB_EXP  # t = m * 2**(e + LSB_EXP), e >= 0
+    limb, shift = _limb_split(e)
+    v = m << shift
     v = torch.where((b >> 31) == 1, -v, v)
     zero = torch.zeros_like(v)
-    return torch.where(finite, e >> 4, zero), torch.where(finite, v, zero)
+    return torch.where(finite, limb, zero), torch.where(finite, v, zero)
 
 
 def _raw_limbs(rows: torch.Tensor) -> torch.Tensor:
@@ -56,9 +64,10 @@ def normalize_limbs(x: torch.Tensor) -> torch.Tensor:
     Exact (floor shifts) as long as no limb exceeds 2**62 in magnitude.
     """
     x = x.clone()
+    mask = (1 << LIMB_BITS) - 1
     for i in range(NUM_LIMBS):
-        c = x[..., i] >> 16
-        x[..., i] = x[..., i] & _MASK16
+        c = x[..., i] >> LIMB_BITS
+        x[..., i] = x[..., i] & mask
         x[..., i + 1] += c
     return x
 
@@ -127,6 +136,12 @@ def merge(states: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return normalize(normalize(states).sum(dim=dim))
 
 
+def _round_up(q: torch.Tensor, rem: torch.Tensor, half: torch.Tensor, sticky: torch.Tensor) -> torch.Tensor:
+    """Round to nearest, ties to even: does the kept ``q`` (dropped bits ``rem``, their half-way
+    point ``half``, any nonzero bit below them ``sticky``) round up?"""
+    return (rem > half) | ((rem == half) & (sticky | ((q & 1) == 1)))
+
+
 def finish(states: torch.Tensor) -> torch.Tensor:
     """fp32 ``RN32(V * 2**-149)`` of each state (specials by the P10 rules); shape ``[...]``.
 
@@ -146,7 +161,8 @@ def finish(states: torch.Tensor) -> torch.Tensor:
     x = torch.where(neg.unsqueeze(1), normalize_limbs(-x), x)  # magnitude, canonical
     # split the carry limb (< 2**62) into four more 16-bit limbs: 20 limbs, all in [0, 2**16)
     top = x[:, NUM_LIMBS]
-    ext = torch.stack([(top >> (16 * j)) & _MASK16 for j in range(4)], dim=1)
+    width, mask = LIMB_BITS, (1 << LIMB_BITS) - 1
+    ext = torch.stack([(top >> (width * j)) & mask for j in range(-(-64 // width))], dim=1)
     limbs = torch.cat([x[:, :NUM_LIMBS], ext], dim=1)  # [R, 20]
     nlimbs = limbs.shape[1]
     idx = torch.arange(nlimbs, device=dev)
@@ -158,18 +174,17 @@ def finish(states: torch.Tensor) -> torch.Tensor:
     h2 = padded.gather(1, (kk + 2).unsqueeze(1)).squeeze(1)
     h1 = padded.gather(1, (kk + 1).unsqueeze(1)).squeeze(1)
     h0 = padded.gather(1, kk.unsqueeze(1)).squeeze(1)
-    head = (h2 << 32) | (h1 << 16) | h0  # V = head * 2**(16 (k - 2)) + (limbs below k - 2)
+    head = (h2 << (2 * width)) | (h1 << width) | h0  # V = head * 2**(16 (k - 2)) + (limbs below k - 2)
     below = torch.cumsum(nz.to(torch.int64), dim=1)  # nonzero limbs at index <= j
     below = torch.cat([torch.zeros((limbs.shape[0], 1), dtype=torch.int64, device=dev), below], dim=1)
     sticky = below.gather(1, (kk - 2).clamp(min=0).unsqueeze(1)).squeeze(1) > 0  # limbs < k - 2
-    head = torch.where(zero, torch.ones_like(head) << 32, head)  # harmless stand-in for V = 0
+    head = torch.where(zero, torch.ones_like(head) << (2 * width), head)  # harmless stand-in for V = 0
     drop = bit_length(head) - 24  # >= 9: head >= 2**32
     q = head >> drop
     rem = head - (q << drop)
     half = torch.ones_like(drop) << (drop - 1)
-    up = (rem > half) | ((rem == half) & (sticky | ((q & 1) == 1)))
-    q = q + up.to(torch.int64)  # <= 2**24: exact in fp32
-    scale = drop + 16 * kk - 32 - 149  # value = q * 2**scale
+    q = q + _round_up(q, rem, half, sticky).to(torch.int64)  # <= 2**24: exact in fp32
+    scale = drop + width * (kk - 2) + LSB_EXP  # value = q * 2**scale
     overflow = bit_length(q) + scale > 128
     scale = torch.where(overflow, torch.zeros_like(scale), scale)
     a = torch.div(scale, 2, rounding_mode="floor")  # both halves in [-86, 52]: normal powers of two
