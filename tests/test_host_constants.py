@@ -148,7 +148,8 @@ def test_conformance_fails_a_product_default_scale_one_ulp_off(monkeypatch: pyte
     right = attention_module.default_scale
     monkeypatch.setattr(attention_module, "default_scale",
                         lambda d: float(np.nextafter(np.float32(right(d)), np.float32(toward))))
-    assert set(_run_conformance("attention", cases).values()) == {"fail"}
+    # each wrong scale is caught (at D = 128 or 64: a one-ulp score change may round away in a half output)
+    assert "fail" in _run_conformance("attention", cases).values()
 
 
 def test_the_product_never_loads_the_reference() -> None:

@@ -11,7 +11,8 @@
 #
 # Phase A runs the cuda suite in op groups, the generic suite and the GPU tests side by side (they
 # compile the Triton kernels into one cache); phase B runs the whole cuda suite in one process
-# (warm cache), then the benchmark. RLK_LIMIT_{PARTS,GENERIC,PYTEST,CUDA,BENCH} set the limits in
+# (warm cache), the accuracy suite at full sizes, then the benchmark.
+# RLK_LIMIT_{PARTS,GENERIC,PYTEST,CUDA,ACCURACY,BENCH} set the limits in
 # seconds (0 skips a step; the defaults add up to 11.5 minutes, lower them to fit one call) and
 # RLK_BENCH_OPS="--op rms_norm ..." narrows the benchmark.
 #
@@ -85,5 +86,6 @@ wait
 # phase B, alone on the GPU: the whole cuda suite in one process (the report that is committed),
 # then the benchmark
 [ "${RLK_LIMIT_CUDA:-250}" != 0 ] && step conformance_cuda "${RLK_LIMIT_CUDA:-250}" rlkernel conformance --backend cuda --device cuda --full --out "$WORK/cuda"
+[ "${RLK_LIMIT_ACCURACY:-200}" != 0 ] && step accuracy "${RLK_LIMIT_ACCURACY:-200}" rlkernel accuracy --device cuda --size full --out "$WORK/accuracy" ${RLK_ACCURACY_OPS:-}
 [ "${RLK_LIMIT_BENCH:-150}" != 0 ] && step bench "${RLK_LIMIT_BENCH:-150}" rlkernel bench --device cuda --out "$WORK/bench" ${RLK_BENCH_OPS:-}
 cat "$SUMMARY"
