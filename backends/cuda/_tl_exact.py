@@ -175,7 +175,9 @@ def int64_to_out(s, k, OUT: tl.constexpr):
     q = q + up.to(tl.int64)  # q <= 2**bits: exact in fp32
     e = tl.minimum(tl.maximum(drop + k, -252), 254).to(tl.int32)  # q > 0 keeps drop + k >= -149
     out = ldexp_c(q.to(tl.int32).to(tl.float32), e)
-    return tl.where(neg, -out, out)
+    # the sign from the bits: a negative value that rounds to zero is -0 (a float negation may
+    # compile to 0 - x, which gives +0)
+    return f32_from_bits(f32_bits(out) | tl.where(neg, -2147483648, 0))
 
 
 @triton.jit

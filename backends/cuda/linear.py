@@ -50,7 +50,9 @@ K_CHUNK = 1 << 16
 DECODE_MAX_M = 64
 
 #: tile configurations: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-PREFILL_TILES = (128, 64, 128, 8, 3)
+#: (two stages: four x digit planes of 128 x 128 and three weight planes of 64 x 128 take 88 KiB a
+#: stage; three stages need 264 KiB, past the H200's 227 KiB of shared memory per block)
+PREFILL_TILES = (128, 64, 128, 8, 2)
 DECODE_BLOCK_N = 32
 DECODE_BLOCK_K = 128
 #: split-K decode launches aim at this many programs per SM
