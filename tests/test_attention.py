@@ -308,7 +308,7 @@ def _truth64(inputs: dict[str, Any]) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_accuracy_against_float64_and_sdpa(dtype: torch.dtype) -> None:
     """rlkernel is at least as accurate as torch SDPA in the same dtype (relative L2 per row),
-    and rounds to the correctly rounded result far more often (docs/accuracy/attention.md)."""
+    and rounds to the correctly rounded result far more often (the full-size measurement: docs/accuracy/README.md)."""
     lens = [(96, 96), (1, 300), (20, 200)]
     inputs = contract.make_pack(f"accuracy_{dtype}", lens, 8, 2, 64, dtype, q_std=1.5, k_std=1.5)
     truth = _truth64(inputs)
