@@ -49,7 +49,7 @@ class CudaBackend(Backend):
     package = "rlkernel.backends.cuda"
     kernels = KERNELS
     #: sm_90: the full conformance suite ran on an H200 with 0 failures
-    #: (conformance/results/cuda-sm_90-H200.json: 618 passed, commit 1d9bf76)
+    #: (conformance/results/cuda-sm_90-H200/report.json: 681 passed, commit 6bbfc61, v2 contracts)
     verification: ClassVar[dict[str, str]] = {"sm_90": "verified"}
     priority = 10
 

@@ -49,7 +49,7 @@ class GenericBackend(Backend):
     device_types = ("cpu", "cuda", "npu", "musa", "xpu")
     package = "rlkernel.backends.generic"
     kernels = KERNELS
-    #: sm_90: the full suite passed on an H200 (conformance/results/generic-cuda-sm_90-H200.json);
+    #: sm_90: the full suite passed on an H200 (conformance/results/generic-cuda-sm_90-H200/report.json);
     #: on the CPU the same kernels serve the ``cpu`` backend, whose level is its own
     verification: ClassVar[dict[str, str]] = {"sm_90": "verified"}
     priority = -1  # never chosen by default: it must be asked for
