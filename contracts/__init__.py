@@ -29,6 +29,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "ppo_loss",
     "kl_k3",
     "masked_mean",
+    "adamw",
 )
 
 

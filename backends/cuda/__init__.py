@@ -38,6 +38,7 @@ KERNELS: dict[str, str] = {
     "group_advantages": "torch_exact:group_advantages",
     "ppo_loss": "torch_exact:ppo_loss",
     "masked_mean": "torch_exact:masked_mean",
+    "adamw": "torch_exact:adamw",
 }
 
 

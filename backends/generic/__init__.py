@@ -39,6 +39,7 @@ KERNELS = {
     "ppo_loss": "rl:ppo_loss",
     "kl_k3": "rl:kl_k3",
     "masked_mean": "rl:masked_mean",
+    "adamw": "optim:adamw",
 }
 
 

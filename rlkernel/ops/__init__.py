@@ -8,6 +8,7 @@ would otherwise shadow the function once imported.
 
 from __future__ import annotations
 
+from rlkernel.ops.adamw import adamw
 from rlkernel.ops.all_reduce import all_reduce
 from rlkernel.ops.attention import attention, attention_paged
 from rlkernel.ops.embedding import embedding
@@ -24,7 +25,7 @@ from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
 
 __all__ = [
-    "all_reduce", "attention", "attention_paged", "embedding", "group_advantages", "kl_k3", "linear",
+    "adamw", "all_reduce", "attention", "attention_paged", "embedding", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
     "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "silu_mul", "softmax", "token_logprobs",
     "token_logprobs_finish", "token_logprobs_partial",

@@ -1,0 +1,156 @@
+"""Optimizer and gradient clipping with the same bits on every backend: :class:`AdamW`, :func:`clip_grad_norm_`.
+
+The update is contract ``adamw`` (``rlkernel.ops.adamw``) on fp32 master weights; a bf16 or
+fp16 parameter keeps its fp32 master copy in the optimizer state and receives the master
+rounded to its dtype after each step (one IEEE round-to-nearest-even cast). The global gradient
+norm is an exact sum of the fp32 squares (the ``masked_mean`` superaccumulator partials, which
+add exactly across parameters, micro-batches and ranks), so clipping does not depend on the
+parameter order, bucketing or device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from rlkernel.ops import adamw
+from rlkernel.ops._adamw_scalars import rn32, rn32_sqrt
+from rlkernel.rl.losses import all_reduce_partial, finish_partials, masked_mean_partial, merge_partials
+
+__all__ = ["AdamW", "clip_grad_norm_", "grad_norm"]
+
+Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+
+
+def _grads(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    return [p.grad for p in params if p.grad is not None]
+
+
+def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = None) -> float:
+    """The global L2 norm of the gradients: ``RN32(sqrt(RN32(sum of RN32(fp32(g)**2))))``, exact sum.
+
+    Parameters
+    ----------
+    parameters : Tensor or iterable of Tensors
+        Parameters whose ``.grad`` counts (those without a gradient are skipped).
+    group : torch.distributed process group, optional
+        Sum the squares over the ranks of this group too (every rank passes its own shards;
+        pass a replicated parameter on one rank only, or it counts once per rank).
+
+    Returns
+    -------
+    float
+        An fp32 value (as a Python float); 0.0 without gradients.
+
+    Bitwise semantics
+    -----------------
+    Each square ``RN32(fp32(g) * fp32(g))`` is one IEEE rounding; their sum is exact (P10
+    superaccumulator), rounded once to fp32; the root is correctly rounded. Invariant to the
+    order and grouping of parameters, to ranks and to the device.
+    """
+    grads = _grads(parameters)
+    partials = []
+    for g in grads:
+        g32 = g.detach().to(torch.float32).reshape(1, -1)
+        sq = torch.mul(g32, g32)
+        partials.append(masked_mean_partial(sq, torch.ones_like(sq, dtype=torch.bool)))
+    if not partials:
+        return 0.0
+    device = partials[0].device
+    total = merge_partials([p.to(device) for p in partials])
+    if group is not None:
+        total = merge_partials([all_reduce_partial(total.clone(), group)])
+    s = float(finish_partials([total], denominator=1.0))  # RN32(exact sum) / 1
+    if s != s or s == float("inf"):
+        return s
+    n, d = s.as_integer_ratio()
+    return rn32_sqrt(n, d) if n else 0.0
+
+
+def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float,
+                    group: Any = None) -> float:
+    """Scale the gradients in place so their global norm is at most ``max_norm`` (torch's rule); returns the norm.
+
+    ``coef = min(1, RN32(RN32(max_norm) / RN32(norm + RN32(1e-6))))``; where ``coef < 1`` each
+    gradient becomes ``RN_dtype(RN32(fp32(g) * coef))``. ``norm`` is :func:`grad_norm` (exact
+    sum). A non-finite norm leaves the gradients alone and is returned (check it and skip the
+    step, as with torch's ``error_if_nonfinite=False``).
+    """
+    if not isinstance(max_norm, (int, float)) or isinstance(max_norm, bool) or not max_norm > 0:
+        raise ValueError(f"clip_grad_norm_: max_norm = {max_norm!r}; expected a number > 0")
+    norm = grad_norm(parameters, group)
+    if not norm < float("inf"):
+        return norm
+    mn, md = rn32(*float(max_norm).as_integer_ratio()).as_integer_ratio()
+    # norm + eps: both fp32; their exact sum is a rational, rounded once
+    eps = rn32(*(1e-6).as_integer_ratio())
+    a, b = norm.as_integer_ratio(), eps.as_integer_ratio()
+    den = rn32(a[0] * b[1] + b[0] * a[1], a[1] * b[1])
+    dn, dd = den.as_integer_ratio()
+    coef = rn32(mn * dd, md * dn)
+    if coef < 1.0:
+        for g in _grads(parameters):
+            g.copy_(torch.mul(g.to(torch.float32), coef).to(g.dtype))
+    return norm
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's algorithm through contract ``adamw``: identical new weights on every backend.
+
+    Parameters
+    ----------
+    params : iterable of Tensors or of dicts (parameter groups)
+    lr : float
+    betas : (float, float)
+    eps : float
+    weight_decay : float
+        Decoupled weight decay (torch's AdamW default 0.01).
+
+    Notes
+    -----
+    State per parameter: ``step`` (int), ``exp_avg`` and ``exp_avg_sq`` (fp32), and ``master``
+    (fp32) for a bf16/fp16 parameter, which then receives ``master.to(dtype)`` after each step.
+    A parameter without a gradient is skipped (its step count does not advance), as in torch.
+    Sparse gradients, ``amsgrad``, ``maximize`` and capturable/fused modes are not supported.
+    """
+
+    def __init__(self, params: Params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError("AdamW: sparse gradients are not supported; use dense gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
+                    if p.dtype != torch.float32:
+                        state["master"] = p.detach().to(torch.float32).contiguous()
+                state["step"] += 1
+                master = state.get("master", p)
+                new_p, state["exp_avg"], state["exp_avg_sq"] = adamw(
+                    master.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+                if "master" in state:
+                    state["master"] = new_p
+                    p.copy_(new_p.to(p.dtype))
+                else:
+                    p.copy_(new_p)
+        return loss
