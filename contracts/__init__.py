@@ -30,6 +30,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "kl_k3",
     "masked_mean",
     "adamw",
+    "sgd",
 )
 
 

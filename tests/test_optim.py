@@ -11,8 +11,8 @@ import torch
 from qwen3_tiny import assert_same_bits
 
 from rlkernel.contracts import adamw as contract
-from rlkernel.ops import _adamw_scalars, adamw
-from rlkernel.rl import AdamW, clip_grad_norm_, grad_norm
+from rlkernel.ops import _optim_scalars, adamw, sgd
+from rlkernel.rl import SGD, AdamW, clip_grad_norm_, grad_norm
 
 NAMES = ("b1", "c1", "b2", "c2", "eps", "decay", "step_size", "bc2_sqrt")
 
@@ -25,27 +25,27 @@ def test_host_scalars_are_the_exact_values_rounded_once() -> None:
         args = (step, r.choice([1e-6, 3e-4, r.random() * 1e-2, r.random() * 10]), r.choice([0.9, 0.0, r.random()]),
                 r.choice([0.999, 0.95, r.random(), 1 - 2**-53]), r.choice([1e-8, r.random() * 1e-5]),
                 r.choice([0.0, 0.01, r.random() * 2]))
-        ours = _adamw_scalars.host_scalars(*args)
+        ours = _optim_scalars.host_scalars(*args)
         ref = contract.host_scalars(*args)
         assert list(ours) == [ref[n] for n in NAMES], args
 
 
 def test_rounding_helpers_at_ties_subnormals_and_overflow() -> None:
-    rn32 = _adamw_scalars.rn32
+    rn32 = _optim_scalars.rn32
     assert rn32(1 + 2**24, 2**24) == 1.0  # halfway between 1 and 1 + 2**-23: even
     assert rn32(2**24 + 3, 2**24) == 1 + 2**-22  # halfway, rounds up to even
     assert rn32(1, 2**149) == 2.0**-149 and rn32(1, 2**150) == 0.0 and rn32(3, 2**151) == 2.0**-149
     assert rn32(2**128 - 2**103, 1) == math.inf and rn32(2**128 - 2**103 - 1, 1) == (2 - 2**-23) * 2.0**127
     assert rn32(-3, 2) == -1.5
-    assert _adamw_scalars.rn32_sqrt(9, 4) == 1.5
+    assert _optim_scalars.rn32_sqrt(9, 4) == 1.5
     for n, d in ((2, 1), (1, 3), (10**30 + 7, 3), (5, 10**20)):
-        y = Fraction(_adamw_scalars.rn32_sqrt(n, d))
+        y = Fraction(_optim_scalars.rn32_sqrt(n, d))
         ulp = Fraction(2) ** (math.frexp(float(y))[1] - 24)
         assert abs(y * y - Fraction(n, d)) <= 2 * y * ulp / 2 + ulp * ulp  # within half an ulp of the root
 
 
 def test_step_at_huge_step_counts_is_fast_and_exact() -> None:
-    s = _adamw_scalars.host_scalars(2**31 - 1, 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    s = _optim_scalars.host_scalars(2**31 - 1, 1e-3, 0.9, 0.999, 1e-8, 0.01)
     assert s[6] == float(torch.tensor(1e-3, dtype=torch.float32)) and s[7] == 1.0
 
 
@@ -152,3 +152,25 @@ def test_bad_tensors_say_what_is_expected() -> None:
         adamw(p.bfloat16(), g, m, v, step=1, lr=1e-3)
     with pytest.raises(ValueError, match="exp_avg has shape"):
         adamw(p, g, m[:4], v, step=1, lr=1e-3)
+
+
+def test_sgd_optimizer_matches_the_op_and_torch() -> None:
+    """Bits against the op; a labelled closeness check against torch.optim.SGD (Nesterov, decay)."""
+    torch.manual_seed(1)
+    w = torch.nn.Parameter(torch.randn(500) * 0.02)
+    tw = torch.nn.Parameter(w.detach().clone())
+    opt = SGD([w], lr=1e-2, momentum=0.9, weight_decay=1e-4, nesterov=True)
+    topt = torch.optim.SGD([tw], lr=1e-2, momentum=0.9, weight_decay=1e-4, nesterov=True)
+    p, buf = w.detach().clone(), torch.zeros(500)
+    for step in range(1, 5):
+        g = torch.randn(500) * 1e-3
+        w.grad, tw.grad = g.clone(), g.clone()
+        opt.step()
+        topt.step()
+        p, buf = sgd(p, g, buf, step=step, lr=1e-2, momentum=0.9, weight_decay=1e-4, nesterov=True)
+    assert_same_bits(p, w.detach(), "SGD parameter")
+    assert_same_bits(buf, opt.state[w]["momentum_buffer"], "SGD momentum buffer")
+    upd, t_upd = p.double() - tw.detach().double(), tw.detach().double()
+    assert float(upd.norm() / t_upd.norm()) < 1e-6
+    with pytest.raises(ValueError, match="nesterov needs momentum > 0"):
+        sgd(p, p, p, step=1, lr=0.1, nesterov=True)

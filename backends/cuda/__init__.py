@@ -39,6 +39,7 @@ KERNELS: dict[str, str] = {
     "ppo_loss": "torch_exact:ppo_loss",
     "masked_mean": "torch_exact:masked_mean",
     "adamw": "torch_exact:adamw",
+    "sgd": "torch_exact:sgd",
 }
 
 

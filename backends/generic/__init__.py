@@ -40,6 +40,7 @@ KERNELS = {
     "kl_k3": "rl:kl_k3",
     "masked_mean": "rl:masked_mean",
     "adamw": "optim:adamw",
+    "sgd": "optim:sgd",
 }
 
 

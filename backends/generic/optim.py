@@ -1,4 +1,4 @@
-"""Optimizer steps (contract ``adamw``): elementwise IEEE fp32, exact on any device.
+"""Optimizer steps (contracts ``adamw``, ``sgd``): elementwise IEEE fp32, exact on any device.
 
 Each line below is one torch operation on fp32 tensors, so one IEEE rounding to nearest-even
 with no contraction across lines. Divisors are tensors, never Python scalars: PyTorch's CUDA
@@ -28,3 +28,19 @@ def adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_av
     u = torch.div(m, d)
     p = torch.sub(torch.mul(param, decay), torch.mul(u, step_size))
     return canonical_nan(p), canonical_nan(m), canonical_nan(v)
+
+
+def sgd(param: torch.Tensor, grad: torch.Tensor, momentum_buffer: torch.Tensor, *, first: bool, lr: float,
+        momentum: float, damp: float, weight_decay: float, nesterov: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step: ``(param', momentum_buffer')``, float32. Scalars are contract ``sgd``'s fp32
+    host scalars; ``first`` is step 1 (the buffer starts as the gradient)."""
+    g = grad.to(torch.float32)
+    if weight_decay != 0:
+        g = torch.add(g, torch.mul(param, weight_decay))
+    if momentum != 0:
+        buf = g if first else torch.add(torch.mul(momentum_buffer, momentum), torch.mul(g, damp))
+        d = torch.add(g, torch.mul(buf, momentum)) if nesterov else buf
+    else:
+        buf = d = g
+    p = torch.sub(param, torch.mul(d, lr))
+    return canonical_nan(p), canonical_nan(buf)

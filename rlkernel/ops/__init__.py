@@ -20,6 +20,7 @@ from rlkernel.ops.ppo_loss import ppo_loss
 from rlkernel.ops.rms_norm import rms_norm
 from rlkernel.ops.rope import rope, rope_table_rows, rope_tables
 from rlkernel.ops.sample import sample
+from rlkernel.ops.sgd import sgd
 from rlkernel.ops.silu_mul import silu_mul
 from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
@@ -27,6 +28,6 @@ from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, t
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_paged", "embedding", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
-    "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "silu_mul", "softmax", "token_logprobs",
+    "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "sgd", "silu_mul", "softmax", "token_logprobs",
     "token_logprobs_finish", "token_logprobs_partial",
 ]

@@ -8,20 +8,22 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch
-from rlkernel.ops import _adamw_scalars
+from rlkernel.ops import _optim_scalars
 
 __all__ = ["adamw"]
 
 _STATE = ("param", "exp_avg", "exp_avg_sq")
 
 
-def _hyper(name: str, value: object, low: float, high: float | None, low_open: bool, fix: str) -> float:
+def _hyper(name: str, value: object, low: float, high: float | None, low_open: bool, fix: str,
+           op: str = "adamw") -> float:
+    """A finite float in [low, high) (or (low, high) with ``low_open``), else an error naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"adamw: {name} = {value!r}; expected a finite number ({fix})")
+        raise ValueError(f"{op}: {name} = {value!r}; expected a finite number ({fix})")
     value = float(value)
     if value < low or (low_open and value == low) or (high is not None and value >= high):
         bound = f"{'>' if low_open else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
-        raise ValueError(f"adamw: {name} = {value!r}; expected {bound} ({fix})")
+        raise ValueError(f"{op}: {name} = {value!r}; expected {bound} ({fix})")
     return value
 
 
@@ -87,7 +89,7 @@ def adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_av
     device = v.same_device(op, list(tensors.items()))
     if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step < 2**31:
         raise ValueError(f"adamw: step = {step!r}; expected an int in [1, 2**31) (1 for the first update)")
-    scalars = _adamw_scalars.host_scalars(
+    scalars = _optim_scalars.host_scalars(
         step,
         _hyper("lr", lr, 0.0, None, False, "the learning rate"),
         _hyper("beta1", beta1, 0.0, 1.0, False, "torch's betas[0]"),

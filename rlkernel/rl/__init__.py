@@ -4,7 +4,7 @@
   names: :func:`group_advantages`, :func:`ppo_loss`, :func:`kl_k3`, :func:`masked_mean`,
   :class:`ExactMean`, ...). Everything it exports is re-exported here, so
   ``from rlkernel.rl import ppo_loss`` and ``from rlkernel import rl; rl.ExactMean()`` work.
-- :mod:`rlkernel.rl.optim`: :class:`AdamW` (contract ``adamw`` on fp32 master weights) and
+- :mod:`rlkernel.rl.optim`: :class:`AdamW` and :class:`SGD` (contracts ``adamw``/``sgd`` on fp32 master weights) and
   :func:`clip_grad_norm_` with an exact global norm: the same new weights on every backend.
 - :mod:`rlkernel.rl.logprobs`: the trainer's forward, :func:`packed_logprobs` of packed
   variable-length sequences, micro-batched, bitwise equal to the rollout engine's log-probs.
@@ -29,12 +29,13 @@ from rlkernel.rl.losses import (
     ppo_loss,
     ppo_loss_partial,
 )
-from rlkernel.rl.optim import AdamW, clip_grad_norm_, grad_norm
+from rlkernel.rl.optim import SGD, AdamW, clip_grad_norm_, grad_norm
 
 __all__ = [
     "MODES",
     "AdamW",
     "PARTIAL_SLOTS",
+    "SGD",
     "ExactMean",
     "all_reduce_partial",
     "clip_grad_norm_",

@@ -1,4 +1,5 @@
-"""Optimizer and gradient clipping with the same bits on every backend: :class:`AdamW`, :func:`clip_grad_norm_`.
+"""Optimizers and gradient clipping with the same bits on every backend: :class:`AdamW`, :class:`SGD`,
+:func:`clip_grad_norm_`.
 
 The update is contract ``adamw`` (``rlkernel.ops.adamw``) on fp32 master weights; a bf16 or
 fp16 parameter keeps its fp32 master copy in the optimizer state and receives the master
@@ -15,11 +16,11 @@ from typing import Any
 
 import torch
 
-from rlkernel.ops import adamw
-from rlkernel.ops._adamw_scalars import rn32, rn32_sqrt
+from rlkernel.ops import adamw, sgd
+from rlkernel.ops._optim_scalars import rn32, rn32_sqrt
 from rlkernel.rl.losses import all_reduce_partial, finish_partials, masked_mean_partial, merge_partials
 
-__all__ = ["AdamW", "clip_grad_norm_", "grad_norm"]
+__all__ = ["SGD", "AdamW", "clip_grad_norm_", "grad_norm"]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -148,6 +149,63 @@ class AdamW(torch.optim.Optimizer):
                 new_p, state["exp_avg"], state["exp_avg_sq"] = adamw(
                     master.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+                if "master" in state:
+                    state["master"] = new_p
+                    p.copy_(new_p.to(p.dtype))
+                else:
+                    p.copy_(new_p)
+        return loss
+
+
+class SGD(torch.optim.Optimizer):
+    """torch.optim.SGD's algorithm through contract ``sgd``: identical new weights on every backend.
+
+    Parameters
+    ----------
+    params : iterable of Tensors or of dicts (parameter groups)
+    lr : float
+    momentum, dampening, weight_decay : float
+    nesterov : bool
+
+    Notes
+    -----
+    State per parameter: ``step`` (int), ``momentum_buffer`` (fp32, with momentum) and
+    ``master`` (fp32) for a bf16/fp16 parameter, which then receives ``master.to(dtype)``.
+    """
+
+    def __init__(self, params: Params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                    "nesterov": nesterov}
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError("SGD: sparse gradients are not supported; use dense gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    if p.dtype != torch.float32:
+                        state["master"] = p.detach().to(torch.float32).contiguous()
+                state["step"] += 1
+                master = state.get("master", p)
+                buf = state.get("momentum_buffer")
+                new_p, new_buf = sgd(master.detach(), p.grad, buf if buf is not None else torch.zeros_like(master),
+                                     step=state["step"], lr=group["lr"], momentum=group["momentum"],
+                                     dampening=group["dampening"], weight_decay=group["weight_decay"],
+                                     nesterov=group["nesterov"])
+                if group["momentum"] != 0:
+                    state["momentum_buffer"] = new_buf
                 if "master" in state:
                     state["master"] = new_p
                     p.copy_(new_p.to(p.dtype))

@@ -11,7 +11,7 @@ import torch
 from mutations import ORDER_BATCH, Mutation, mutation, original, patch, wrap
 
 OP = "adamw"
-SCALARS = "rlkernel.ops._adamw_scalars"
+SCALARS = "rlkernel.ops._optim_scalars"
 NAMES = ("b1", "c1", "b2", "c2", "eps", "decay", "step_size", "bc2_sqrt")
 
 

@@ -1,4 +1,4 @@
-"""``adamw`` against float64, next to ``torch.optim.AdamW`` on the same device.
+"""``adamw`` and ``sgd`` against float64, next to ``torch.optim.AdamW`` / ``torch.optim.SGD`` on the same device.
 
 One step from a mid-training state (moments of earlier steps) and the first step (zero
 moments), with ordinary and outlier gradients. Truth: the same step in float64 from the same
@@ -74,6 +74,36 @@ def _run(name: str, step: int, outliers: float):  # type: ignore[no-untyped-def]
     return run
 
 
+def _sgd(size: str, device: torch.device) -> list[Result]:
+    """Nesterov momentum 0.9, weight decay 1e-4, lr 1e-2, step 10."""
+    n = SIZES[size]
+    name = f"sgd/{size}"
+    p = data.randn(f"{name}/p", (n,), std=0.02, dtype=torch.float32)
+    g = data.randn(f"{name}/g", (n,), std=1e-3, dtype=torch.float32)
+    buf = data.randn(f"{name}/b", (n,), std=1e-3, dtype=torch.float32)
+    lr, mu, wd = 1e-2, 0.9, 1e-4
+    g64 = g.double() + wd * p.double()
+    b64 = mu * buf.double() + g64
+    t_p = p.double() - lr * (g64 + mu * b64)
+    d = {"param": p.to(device), "grad": g.to(device), "momentum_buffer": buf.to(device)}
+    with torch.no_grad():
+        ours = rlkernel.ops.sgd(**d, step=10, lr=lr, momentum=mu, weight_decay=wd, nesterov=True)
+        tp = torch.nn.Parameter(d["param"].clone())
+        opt = torch.optim.SGD([tp], lr=lr, momentum=mu, weight_decay=wd, nesterov=True)
+        tp.grad = d["grad"].clone()
+        opt.state[tp] = {"momentum_buffer": d["momentum_buffer"].clone()}
+        opt.step()
+        native = (tp.detach(), opt.state[tp]["momentum_buffer"])
+
+    def errors(out: tuple[torch.Tensor, ...]) -> dict[str, float]:
+        upd, t_upd = out[0].cpu().double() - p.double(), t_p - p.double()
+        return {"update_rel_l2": float((upd - t_upd).norm() / t_upd.norm()),
+                "buffer_rel_l2": float((out[1].cpu().double() - b64).norm() / b64.norm())}
+
+    return [Result(RLKERNEL, errors(ours)), Result("torch.optim.SGD (fp32, default implementation)", errors(native),
+                                                   native=True)]
+
+
 def measurements() -> list[Measurement]:
     shape = lambda size: f"n = {SIZES[size]}"  # noqa: E731
     desc = "w ~ N(0,0.02^2), g ~ N(0,1e-3^2), lr 1e-5, betas (0.9, 0.999), wd 0.01"
@@ -84,4 +114,6 @@ def measurements() -> list[Measurement]:
                     _run("mid", 100, 0.0), shape=shape),
         Measurement("adamw", "outlier_grads", desc + ", 0.1% of gradients 1000x, step 100", "update_rel_l2",
                     _run("outliers", 100, 1000.0), shape=shape),
+        Measurement("sgd", "nesterov", "w ~ N(0,0.02^2), g, buf ~ N(0,1e-3^2); lr 1e-2, momentum 0.9, wd 1e-4",
+                    "update_rel_l2", _sgd, shape=shape),
     ]

@@ -1,4 +1,4 @@
-"""The fp32 scalars of one AdamW step, each the correctly rounded value of an exact real (contract ``adamw``).
+"""Optimizer host scalars, each the correctly rounded fp32 of an exact real (contracts ``adamw``, ``sgd``).
 
 Written for the product, independently of the contract's reference (which uses exact
 fractions): integer arithmetic only. ``beta**step`` is bracketed between a lower and an upper
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["host_scalars", "rn32", "rn32_sqrt"]
+__all__ = ["host_scalars", "rn32", "rn32_sqrt", "sgd_scalars"]
 
 _P = 160  # fractional bits of the bounds on beta**step
 
@@ -121,3 +121,11 @@ def host_scalars(step: int, lr: float, beta1: float, beta2: float, eps: float,
     bc = s2.pop() if len(s2) == 1 else bc2(_exact_one_minus_pow(beta2, step))
     return (rn32(b1n, b1d), rn32(b1d - b1n, b1d), rn32(b2n, b2d), rn32(b2d - b2n, b2d), rn32(en, ed),
             rn32(lrd * wdd - lrn * wdn, lrd * wdd), ss, bc)
+
+
+@functools.lru_cache(maxsize=256)
+def sgd_scalars(lr: float, momentum: float, dampening: float, weight_decay: float) -> tuple[float, ...]:
+    """``(lr32, mu, wd32, damp)`` of contract ``sgd``: ``RN32`` of lr, momentum, weight_decay and of
+    the exact real ``1 - dampening``."""
+    dn, dd = _ratio(dampening)
+    return (rn32(*_ratio(lr)), rn32(*_ratio(momentum)), rn32(*_ratio(weight_decay)), rn32(dd - dn, dd))
