@@ -12,9 +12,10 @@
 # Phase A runs the cuda suite in op groups, the generic suite and the GPU tests side by side (they
 # compile the Triton kernels into one cache); phase B runs the whole cuda suite in one process
 # (warm cache), the accuracy suite at full sizes, then the benchmark.
-# RLK_LIMIT_{PARTS,GENERIC,PYTEST,CUDA,ACCURACY,BENCH} set the limits in
+# RLK_LIMIT_{PARTS,GENERIC,PYTEST,CUDA,ACCURACY,VALIDATE,BENCH} set the limits in
 # seconds (0 skips a step; the defaults add up to 11.5 minutes, lower them to fit one call) and
-# RLK_BENCH_OPS="--op rms_norm ..." narrows the benchmark.
+# RLK_BENCH_OPS="--op rms_norm ..." narrows the benchmark; RLK_VALIDATE_RUNS="args\nargs" runs
+# `rlkernel validate` once per line.
 #
 # Step outputs go to $WORK/<step>.log and report folders under $WORK; after every step $WORK is
 # packed into $OUT/results.tgz (the device tool returns at most 8 files), and $OUT/summary.txt
@@ -72,7 +73,7 @@ step env 40 bash -c "nvidia-smi; $PY -c 'import torch, triton, sys; print(sys.ve
 # phase A, side by side: the cuda suite in op groups (each a report of its own; together they
 # fill Triton's cache, JIT compilation being most of a cold run), the generic suite and the GPU tests
 OP_GROUPS=("linear" "token_logprobs" "attention" "embedding rms_norm rope silu_mul softmax log_softmax"
-        "all_reduce sample group_advantages ppo_loss kl_k3 masked_mean")
+        "all_reduce sample group_advantages ppo_loss kl_k3 masked_mean adamw sgd")
 if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
     for i in "${!OP_GROUPS[@]}"; do
         ops=""
@@ -83,9 +84,21 @@ fi
 [ "${RLK_LIMIT_GENERIC:-250}" != 0 ] && step conformance_generic "${RLK_LIMIT_GENERIC:-250}" rlkernel conformance --backend generic --device cuda --full --out "$WORK/generic" &
 [ "${RLK_LIMIT_PYTEST:-250}" != 0 ] && step pytest_gpu "${RLK_LIMIT_PYTEST:-250}" $PY -m pytest -m gpu tests -q -p no:cacheprovider -rfE &
 wait
+# the op groups' reports as one report of the whole suite (refused if they overlap or differ in commit)
+if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
+    step cuda_merge 60 $PY -m rlkernel.conformance.merge --out "$WORK/cuda-merged" "$WORK"/cuda-part*
+fi
 # phase B, alone on the GPU: the whole cuda suite in one process (the report that is committed),
 # then the benchmark
 [ "${RLK_LIMIT_CUDA:-250}" != 0 ] && step conformance_cuda "${RLK_LIMIT_CUDA:-250}" rlkernel conformance --backend cuda --device cuda --full --out "$WORK/cuda"
 [ "${RLK_LIMIT_ACCURACY:-200}" != 0 ] && step accuracy "${RLK_LIMIT_ACCURACY:-200}" rlkernel accuracy --device cuda --size full --out "$WORK/accuracy" ${RLK_ACCURACY_OPS:-}
+# rlkernel validate: RLK_VALIDATE_RUNS holds one argument list per line (each run writes to
+# $WORK/validate-<n>); the limit is per run
+n=0
+while IFS= read -r args; do
+    [ -z "$args" ] && continue
+    step "validate_$n" "${RLK_LIMIT_VALIDATE:-300}" rlkernel validate $args --out "$WORK/validate-$n"
+    n=$((n + 1))
+done <<< "${RLK_VALIDATE_RUNS:-}"
 [ "${RLK_LIMIT_BENCH:-150}" != 0 ] && step bench "${RLK_LIMIT_BENCH:-150}" rlkernel bench --device cuda --out "$WORK/bench" ${RLK_BENCH_OPS:-}
 cat "$SUMMARY"
