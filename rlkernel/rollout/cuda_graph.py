@@ -78,6 +78,8 @@ class DecodeGraphs:
         self.cu_seqlens_q = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(max_batch_size, model.config.hidden_size, dtype=model.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        #: Decode steps replayed so far.
+        self.replays = 0
         self.sizes = graph_batch_sizes(max_batch_size)
         self._capture(max_model_len)
 
@@ -138,4 +140,5 @@ class DecodeGraphs:
         self.block_tables[:b, :width].copy_(table)
         self.block_tables[b:size, 0].copy_(self.pad_table[b:size, 0])
         self.graphs[size].replay()
+        self.replays += 1
         return self.hidden[:b]
