@@ -8,6 +8,8 @@ and must draw the same tokens with the same log-probs every time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from qwen3_tiny import assert_same_bits, forward_only_one_thread, random_weights, tiny_config, write_checkpoint
@@ -120,3 +122,115 @@ def test_greedy_logprobs_at_temperature_one(model, prompts) -> None:
     outs = LLM(model, num_blocks=32, block_size=4).generate(prompts[:1], params)
     assert outs[0].token_ids == outs[1].token_ids  # greedy: the seed does not matter
     assert_trainer_bits(model, outs, params)
+
+
+def test_preemption_and_recomputation_keep_the_bits(model, prompts, baseline) -> None:
+    """A cache of 10 two-token blocks for 12 samples: running sequences are preempted (blocks freed)
+    and recomputed from their prompt + completion so far, in chunks of at most 6 tokens."""
+    llm = LLM(model, num_blocks=10, block_size=2, max_num_seqs=8, max_num_batched_tokens=6)
+    outs = llm.generate(prompts, PARAMS)
+    assert llm.stats["preemptions"] > 0
+    assert_same_outputs(baseline, outs, "preempted")
+    assert llm.block_manager.num_free_blocks == 10  # every block came back
+
+
+def test_same_seed_same_tokens_whatever_the_other_requests(model, prompts, baseline) -> None:
+    """Prompt 2's group among other requests, in another order, and each sample replayed alone from
+    its reported seed (``SamplingParams(seed=out.seed, n=1)``)."""
+    g = torch.Generator().manual_seed(5)
+    others = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 1)]
+    other = SamplingParams(temperature=1.3, max_tokens=2, n=2)
+    outs = LLM(model, num_blocks=64, block_size=8, max_num_seqs=5).generate(
+        [others[0], prompts[2], others[1]], [other, PARAMS[2], other])
+    group = [o for o in outs if o.prompt_index == 1]
+    expected = [o for o in baseline if o.prompt_index == 2]
+    for o in group:
+        o.prompt_index = 2
+    assert_same_outputs(expected, group, "prompt 2 among other requests")
+    replay = [dataclasses.replace(PARAMS[2], seed=o.seed, n=1) for o in expected]
+    outs = LLM(model, num_blocks=64, block_size=4).generate([prompts[2]] * 4, replay)
+    for e, o in zip(expected, outs):
+        assert o.seed == e.seed and o.token_ids == e.token_ids, f"replay of sample {e.sample_index}"
+        assert_same_bits(e.logprobs, o.logprobs, f"replay of sample {e.sample_index}")
+
+
+def test_engine_seeds_come_from_its_generator(model, prompts) -> None:
+    params = SamplingParams(max_tokens=1, n=2)
+    runs = [LLM(model, num_blocks=16, block_size=4, seed=s).generate(prompts[1:2], params) for s in (0, 0, 1)]
+    assert [o.seed for o in runs[0]] == [o.seed for o in runs[1]] != [o.seed for o in runs[2]]
+    assert runs[0][0].token_ids == runs[1][0].token_ids
+
+
+def test_stop_tokens_eos_max_tokens_and_max_model_len(model, prompts, monkeypatch, capsys) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=5)
+    llm = LLM(model, num_blocks=32, block_size=4)
+    [full] = llm.generate(prompts[:1], greedy, use_tqdm=True)
+    assert "rollout: 1/1 samples" in capsys.readouterr().err
+    assert full.finish_reason == "length" and len(full.token_ids) == 5
+    assert llm.stats["prefill_tokens"] == 7 and llm.stats["decode_tokens"] == 4
+    assert llm.stats["generated_tokens"] == 5 and llm.stats["decode_seconds"] > 0
+    cut = full.token_ids.index(full.token_ids[2])  # the first occurrence of the third token
+    [stopped] = llm.generate(prompts[:1], dataclasses.replace(greedy, stop_token_ids=[full.token_ids[2]]))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == full.token_ids[:cut + 1]
+    assert_same_bits(full.logprobs[:cut + 1], stopped.logprobs, "stopped early")
+    # max_model_len caps prompt + completion
+    [short] = LLM(model, num_blocks=32, block_size=4, max_model_len=9).generate(prompts[:1], greedy)
+    assert short.token_ids == full.token_ids[:2] and short.finish_reason == "length"
+    # the model's eos (config.json's eos_token_id, an int or a list) stops unless ignore_eos
+    config = dataclasses.replace(model.config, extra={**model.config.extra, "eos_token_id": [255, full.token_ids[1]]})
+    monkeypatch.setattr(model, "config", config)
+    llm = LLM(model, num_blocks=32, block_size=4)
+    [eos] = llm.generate(prompts[:1], greedy)
+    assert eos.finish_reason == "stop" and eos.token_ids == full.token_ids[:full.token_ids.index(full.token_ids[1]) + 1]
+    [ignored] = llm.generate(prompts[:1], dataclasses.replace(greedy, ignore_eos=True))
+    assert ignored.token_ids == full.token_ids and ignored.finish_reason == "length"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda llm, p: llm.generate([[]], SamplingParams()), "prompt 0 is empty"),
+    (lambda llm, p: llm.generate([p[0], [1, 256]], SamplingParams(max_tokens=4)),
+     r"prompt 1 holds token id 256; expected ids in \[0, 256\)"),
+    (lambda llm, p: llm.generate([[-1]], SamplingParams()), "prompt 0 holds token id -1"),
+    (lambda llm, p: llm.generate([p[0]], SamplingParams(stop_token_ids=[300])), r"stop_token_ids holds 300"),
+    (lambda llm, p: llm.generate([[1] * 40], SamplingParams()),
+     "prompt 0 has 40 tokens; with one completion token that exceeds max_model_len = 40"),
+    (lambda llm, p: llm.generate([[1] * 30], SamplingParams(max_tokens=8)),
+     r"may need 10 KV blocks of 4 tokens but the cache has 8; pass a larger num_blocks"),
+    (lambda llm, p: llm.generate(p, [SamplingParams()]), "1 sampling_params for 3 prompts"),
+    (lambda llm, p: llm.generate(["hello"], SamplingParams()), "expected a list of int token ids"),
+], ids=["empty", "id-too-large", "id-negative", "stop-id", "too-long", "cache-too-small", "params-count", "text"])
+def test_generate_errors(model, prompts, call, message) -> None:
+    llm = LLM(model, num_blocks=8, block_size=4, max_model_len=40)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(llm, prompts)
+    assert llm.stats["steps"] == 0  # checked before any work
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 0}, r"n = 0; expected an int >= 1"), ({"max_tokens": 0}, r"max_tokens = 0; expected an int >= 1"),
+    ({"temperature": -0.5}, r"temperature = -0.5; expected a finite float >= 0"),
+    ({"temperature": float("nan")}, "temperature = nan"),
+    ({"top_p": 1.5}, r"top_p = 1.5; expected a float in \[0, 1\]"),
+    ({"top_k": -1}, r"top_k = -1; expected an int >= 0"), ({"seed": 1.5}, "seed = 1.5"),
+    ({"stop_token_ids": "ab"}, "stop_token_ids = 'ab'"),
+])
+def test_sampling_params_errors(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_model_len": 1000}, "max_model_len = 1000 exceeds the model's max_position_embeddings = 512"),
+    ({"kv_cache_memory": 100}, r"kv_cache_memory = 100 bytes is below one KV block \(1024 bytes"),
+    ({"num_blocks": 0}, r"num_blocks = 0; expected an int >= 1"),
+    ({"max_num_seqs": 0}, r"max_num_seqs = 0"),
+])
+def test_engine_errors(model, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLM(model, block_size=4, **kwargs)
+
+
+def test_cache_size_from_memory(model) -> None:
+    per_block = model.kv_cache_bytes_per_block(4)
+    assert LLM(model, block_size=4, kv_cache_memory=10 * per_block + 7).num_blocks == 10
+    assert LLM(model, block_size=4, max_num_seqs=2, max_model_len=40).num_blocks == 20  # CPU: what 2 x 40 tokens need
