@@ -48,6 +48,9 @@ class DecodeGraphs:
         tables are grown to cover every position before capture.
     first_pad_block : int
         First of the padding blocks.
+    capture : bool
+        Capture the graphs (default). False runs the same padded static-buffer forward eagerly
+        on any device: the tests check the padding on the CPU that way.
     """
 
     @staticmethod
@@ -56,7 +59,7 @@ class DecodeGraphs:
         return -(-max_batch_size // block_size)
 
     def __init__(self, model: Qwen3ForCausalLM, kv_cache: KVCache, max_batch_size: int, max_model_len: int,
-                 first_pad_block: int) -> None:
+                 first_pad_block: int, capture: bool = True) -> None:
         self.model, self.kv_cache = model, kv_cache
         self.max_batch_size = max_batch_size
         self.block_size = bs = kv_cache.block_size
@@ -78,18 +81,21 @@ class DecodeGraphs:
         self.cu_seqlens_q = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(max_batch_size, model.config.hidden_size, dtype=model.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        #: Decode steps replayed so far.
-        self.replays = 0
+        #: Decode steps run, replayed from a graph, run with padding rows.
+        self.steps = self.replays = self.padded_steps = 0
+        #: Validate the padded batch on the host before each eager run (capture=False; tests).
+        self.check = False
         self.sizes = graph_batch_sizes(max_batch_size)
-        self._capture(max_model_len)
+        if capture:
+            self._capture(max_model_len)
 
     def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(cu_seqlens_q=self.cu_seqlens_q[:size + 1], context_lens=self.context_lens[:size],
                                  block_tables=self.block_tables[:size], slot_mapping=self.slot_mapping[:size])
 
-    def _forward(self, size: int) -> None:
+    def _forward(self, size: int, check: bool = False) -> None:
         self.hidden[:size] = self.model(self.input_ids[:size], self.positions[:size], self._meta(size),
-                                        self.kv_cache, check=False)
+                                        self.kv_cache, check=check)
 
     @torch.inference_mode()
     def _capture(self, max_model_len: int) -> None:
@@ -139,6 +145,12 @@ class DecodeGraphs:
         # entries to its right are harmless), and the padding rows' one block
         self.block_tables[:b, :width].copy_(table)
         self.block_tables[b:size, 0].copy_(self.pad_table[b:size, 0])
-        self.graphs[size].replay()
-        self.replays += 1
+        self.steps += 1
+        self.padded_steps += b < size
+        graph = self.graphs.get(size)
+        if graph is None:  # built with capture=False
+            self._forward(size, self.check)
+        else:
+            graph.replay()
+            self.replays += 1
         return self.hidden[:b]

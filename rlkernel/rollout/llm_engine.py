@@ -67,7 +67,8 @@ class LLM:
     max_model_len : int, optional
         Longest prompt + completion; default and upper bound the model's ``max_position_embeddings``.
     enforce_eager : bool
-        Never capture CUDA graphs (decode steps on CUDA replay graphs by default).
+        Never capture CUDA graphs (by default decode steps on CUDA replay graphs when the model
+        has no tensor-parallel group; TP > 1 runs eagerly).
     kv_cache_memory : int, optional
         Bytes of KV cache (per rank), when ``num_blocks`` is not given.
     seed : int

@@ -41,7 +41,7 @@ class ModelRunner:
     max_model_len : int
         Longest sequence (the width of the graphs' block tables).
     enforce_eager : bool
-        Never capture CUDA graphs.
+        Never capture CUDA graphs (they are captured on CUDA at TP = 1 otherwise).
     """
 
     def __init__(self, model: Qwen3ForCausalLM, num_blocks: int, block_size: int, max_num_seqs: int,
@@ -53,7 +53,9 @@ class ModelRunner:
         #: engine builds its batches itself, so it is off by default: it costs host syncs).
         self.check = False
         pad_blocks = 0
-        if self.device.type == "cuda" and not enforce_eager:
+        # TP > 1 stays eager: the exact all-reduce checks its int64 sums for overflow on the host,
+        # which a capture cannot do
+        if self.device.type == "cuda" and not enforce_eager and model.tp_size == 1:
             pad_blocks = DecodeGraphs.padding_blocks(max_num_seqs, block_size)
         self.kv_cache = model.allocate_kv_cache(num_blocks + pad_blocks, block_size)
         if pad_blocks:
