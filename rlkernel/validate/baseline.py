@@ -112,16 +112,20 @@ def _chunks(params: list[dict[str, Any]], per_call: int) -> list[list[int]]:
     return chunks
 
 
-def _generate(hf: Any, prompts: list[list[int]], p: dict[str, Any], seed: int) -> list[tuple[list[int],
-                                                                                             torch.Tensor]]:
-    """One batched ``generate`` call: per prompt, its ``n`` (completion, log-probs) in order."""
+def _generate(hf: Any, prompts: list[list[int]], p: dict[str, Any], seed: int,
+              eos: list[int]) -> list[tuple[list[int], torch.Tensor]]:
+    """One batched ``generate`` call: per prompt, its ``n`` (completion, log-probs) in order.
+
+    Generation stops at ``stop_token_ids`` and, unless ``ignore_eos``, at the model's ``eos`` ids,
+    as rlkernel's engine does.
+    """
     tf = _transformers()
     device = hf.device
     width = max(len(x) for x in prompts)
     ids = torch.tensor([[0] * (width - len(x)) + x for x in prompts], dtype=torch.int64, device=device)
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompts], dtype=torch.int64, device=device)
     temperature = float(p["temperature"])
-    stop = [] if p.get("ignore_eos") else list(p.get("stop_token_ids") or [])
+    stop = list(dict.fromkeys([*(p.get("stop_token_ids") or []), *([] if p.get("ignore_eos") else eos)]))
     greedy = temperature == 0
     gen = tf.GenerationConfig(
         max_new_tokens=int(p["max_tokens"]), min_new_tokens=0, do_sample=not greedy,
@@ -199,15 +203,18 @@ def run_baseline(model: Qwen3ForCausalLM, prompts: list[list[int]], params: list
     """
     hf = hf_model(model, dtype, attn_implementation)
     device = hf.device
+    eos = model.config.extra.get("eos_token_id")
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
     n = max(int(p.get("n", 1)) for p in params) if params else 1
     chunks = _chunks(params, max(1, engine_batch // n))
     if warmup and prompts:
-        _generate(hf, prompts[:1], {**params[0], "max_tokens": min(4, int(params[0]["max_tokens"])), "n": 1}, seed)
+        short = {**params[0], "max_tokens": min(4, int(params[0]["max_tokens"])), "n": 1}
+        _generate(hf, prompts[:1], short, seed, eos_ids)
     completions: list[tuple[int, list[int], torch.Tensor]] = []
     synchronize(device)
     start = time.perf_counter()
     for call, chunk in enumerate(chunks):
-        outs = _generate(hf, [prompts[i] for i in chunk], params[chunk[0]], seed + call)
+        outs = _generate(hf, [prompts[i] for i in chunk], params[chunk[0]], seed + call, eos_ids)
         per = len(outs) // len(chunk)
         completions += [(chunk[r // per], toks, lp) for r, (toks, lp) in enumerate(outs)]
     synchronize(device)
