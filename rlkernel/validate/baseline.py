@@ -58,8 +58,8 @@ def hf_model(model: Qwen3ForCausalLM, dtype: torch.dtype, attn_implementation: s
         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
         attn_implementation=attn_implementation, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     device = model.lm_head.weight.device
-    with torch.random.fork_rng(devices=[]):
-        hf = tf.Qwen3ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    with torch.random.fork_rng(devices=[]), torch.device(device):  # initialised where it runs, then overwritten
+        hf = tf.Qwen3ForCausalLM(config).to(dtype).eval()
     weights = {name: t.to(dtype) for name, t in state_dict_hf(model)}
     result = hf.load_state_dict(weights, strict=False)
     missing = [k for k in result.missing_keys if not (c.tie_word_embeddings and k == "lm_head.weight")]
@@ -138,8 +138,9 @@ def _generate(hf: Any, prompts: list[list[int]], p: dict[str, Any], seed: int,
         out = hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
     new = out.sequences[:, width:].cpu()
     t = temperature if temperature > 0 else 1.0
-    logits = torch.stack(out.logits, dim=1)  # [rows, steps, V]
-    logp = torch.log_softmax(logits.float() / t, dim=-1).gather(-1, new.to(logits.device)[..., None])[..., 0].cpu()
+    steps = [torch.log_softmax(step.float() / t, dim=-1).gather(-1, new[:, k, None].to(step.device))[:, 0]
+             for k, step in enumerate(out.logits)]  # one [rows, V] step at a time: never [rows, steps, V] twice
+    logp = torch.stack(steps, dim=1).cpu()
     result = []
     for r in range(new.shape[0]):
         toks = new[r].tolist()
