@@ -267,6 +267,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, FileNotFoundError) as exc:
         print(f"rlkernel validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        print(f"rlkernel validate: interrupted ({exc or 'Ctrl-C'}); no report written", file=sys.stderr)
+        return EXIT_FAILED
     doc = report.document(doc)
     for line in report.summary(doc):
         print(line)

@@ -210,6 +210,7 @@ def test_cli_end_to_end(tmp_path, capsys) -> None:
     assert "model_sha256" in capsys.readouterr().err
     # a record whose log-probs do not match the model fails the run
     bad = load_record(rec)
+    assert bad.meta["command"][:2] == ["rlkernel", "validate"] and bad.meta["model_source"] == "random tiny (seed 0)"
     bad.samples[0].logprobs[0:1].view(torch.int32).bitwise_xor_(1)
     save_record(bad, tmp_path / "bad.safetensors")
     assert main(["validate", "--replay", str(tmp_path / "bad.safetensors"), "--baseline", "none"]) == 1

@@ -21,7 +21,8 @@ JSON document: ``format`` (``"rlkernel-rollout-record"``), ``version`` (1), ``mo
 ``config_sha256`` (:mod:`rlkernel.validate.models`), ``config`` (the architecture fields),
 ``dtype``, ``sampling_params`` (one object per prompt: the :class:`SamplingParams` fields),
 ``seeds`` and ``finish_reasons`` (one per completion), ``logprobs_sha256``, ``engine`` (the
-rollout engine's settings and statistics) and ``created``/``commit``/``device``.
+rollout engine's settings and statistics), ``device``, ``created``, ``commit`` and, from the CLI,
+``model_source`` and ``command`` (how to rebuild the model for a replay).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from rlkernel.environment import git_commit
 
 __all__ = ["FORMAT", "VERSION", "HashMismatch", "Record", "Sample", "load_record", "logprobs_sha256",
            "save_record", "tokens_sha256"]
@@ -92,7 +95,8 @@ class Record:
     dtype : str
         The model dtype (``"bfloat16"``, ``"float16"``).
     meta : dict
-        Where and how it was made: ``engine`` (settings and statistics), ``created``, ``commit``, ``device``.
+        Where and how it was made: ``engine`` (settings and statistics), ``device``, ``created``, ``commit``,
+        ``model_source``, ``command``.
     """
 
     prompts: list[list[int]]
@@ -181,6 +185,7 @@ def save_record(record: Record, path: str | Path) -> Path:
         "tokens_sha256": record.tokens_sha256(), **record.meta,
     }
     meta.setdefault("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    meta.setdefault("commit", git_commit())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"format": "pt", _META_KEY: json.dumps(meta)})

@@ -231,6 +231,7 @@ def run(cfg: ValidateConfig, progress: Progress | None = None, command: list[str
                                      engine_batch=eb, block_size=cfg.block_size, max_model_len=hi + cfg.max_tokens,
                                      max_num_batched_tokens=cfg.max_num_batched_tokens,
                                      enforce_eager=cfg.enforce_eager, warmup=warmup)
+                rec.meta.update(model_source=doc["model"]["source"], command=command)  # how to rebuild the model
                 records.append((f"engine batch {eb}", rec))
                 tps = rec.meta["engine"]["tokens_per_s"]
                 step("rollout", f"engine batch {eb}", False,
