@@ -256,8 +256,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         record=args.record, replay=args.replay, save_checkpoint=args.save_checkpoint, block_size=args.block_size,
         enforce_eager=args.enforce_eager)
     command = ["rlkernel", *getattr(args, "argv", sys.argv[1:])]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or (1 if args.config == "tiny" and not args.checkpoint else None)
+    if threads:
+        torch.set_num_threads(threads)
     _sigterm_interrupts()
     try:
         doc = run(cfg, StreamProgress(sys.stderr, describe=lambda step: step.detail), command=command)
@@ -352,8 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="engine max_num_seqs; several values = one rollout each, all must agree (default: 8)")
     work.add_argument("--block-size", type=int, default=16, help="KV cache block size (default: %(default)s)")
     work.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the engine")
-    work.add_argument("--threads", type=int, help="torch intra-op CPU threads (default: torch's); 1 is often "
-                      "fastest for the tiny config on a busy machine")
+    work.add_argument("--threads", type=int, help="torch intra-op CPU threads (default: 1 for the tiny random "
+                      "config, whose ops are too small to gain from more and lose much to thread wake-ups on a busy "
+                      "machine; torch's default otherwise)")
     check = val.add_argument_group("checks")
     check.add_argument("--train-micro-batch", type=_int_list, action="append", default=[], metavar="N[,N...]",
                        help="trainer micro-batch sizes, each a replay in a shuffled packing order (default: 1,3,8)")
