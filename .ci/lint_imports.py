@@ -53,6 +53,8 @@ PLANTS = (
      "a module other than the CLI importing rlkernel.contracts"),
     ("rlkernel/cli.py", "from rlkernel.contracts import rope",
      "the CLI importing a contract module (its exception is rlkernel.contracts itself)"),
+    ("rlkernel/rollout/_import_linter_selftest.py", "from rlkernel.validate import replay",
+     "the rollout engine importing the validation tool that checks it"),
 )
 
 

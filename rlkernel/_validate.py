@@ -53,6 +53,17 @@ def dim_size(op: str, name: str, t: torch.Tensor, axis: int, expected: int, what
         raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; its axis {axis} must be {what} = {expected}")
 
 
+def capturing(device: torch.device) -> bool:
+    """A CUDA graph is being captured on ``device``'s current stream.
+
+    The host cannot read device values during a capture, so the ops skip the checks that read
+    them (id and position ranges, offsets, block tables) and launch with what the shapes tell;
+    the capturing caller vouches for the values (``rlkernel.rollout``'s decode graphs build them
+    itself). Shape, dtype and device checks still run.
+    """
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def contiguous(t: torch.Tensor) -> torch.Tensor:
     """Non-contiguous inputs are accepted and copied to a contiguous layout (documented per op)."""
     return t if t.is_contiguous() else t.contiguous()

@@ -1,7 +1,8 @@
-"""The ``rlkernel`` command: ``info``, ``conformance``, ``accuracy`` and ``bench``.
+"""The ``rlkernel`` command: ``info``, ``conformance``, ``accuracy``, ``bench`` and ``validate``.
 
 The CLI parses arguments, calls the library and prints; the work is done in
-:mod:`rlkernel.conformance.runner`, :mod:`rlkernel.conformance.report` and :mod:`rlkernel.bench`.
+:mod:`rlkernel.conformance.runner`, :mod:`rlkernel.conformance.report`, :mod:`rlkernel.bench` and
+:mod:`rlkernel.validate`.
 """
 
 from __future__ import annotations
@@ -220,6 +221,65 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def _int_list(text: str) -> list[int]:
+    """``"1,3,8"`` -> ``[1, 3, 8]`` (for flags that take several values)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _span(text: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` (or one number) -> ``(MIN, MAX)``."""
+    lo, _, hi = text.partition(":")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX, got {text!r}") from None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Rollout vs trainer log-probs, bit for bit, next to transformers; ``report.{json,md}`` with ``--out``."""
+    from rlkernel.conformance.progress import StreamProgress
+    from rlkernel.validate import report
+    from rlkernel.validate.record import HashMismatch
+    from rlkernel.validate.run import ValidateConfig, run
+
+    flat = [v for values in args.engine_batch for v in values]
+    micro = [v for values in args.train_micro_batch for v in values]
+    cfg = ValidateConfig(
+        config=args.config, checkpoint=args.checkpoint, num_prompts=args.num_prompts, group_size=args.group_size,
+        prompt_len=args.prompt_len, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, stop_token_ids=tuple(args.stop_token_ids or ()), seed=args.seed, device=args.device,
+        dtype=args.dtype, engine_batch=flat or [8], train_micro_batch=micro or [1, 3, 8], baseline=args.baseline,
+        baseline_dtype=args.baseline_dtype, layers=args.layers, layers_sequences=args.layers_sequences,
+        record=args.record, replay=args.replay, save_checkpoint=args.save_checkpoint, block_size=args.block_size,
+        enforce_eager=args.enforce_eager)
+    command = ["rlkernel", *getattr(args, "argv", sys.argv[1:])]
+    threads = args.threads or (1 if args.config == "tiny" and not args.checkpoint else None)
+    if threads:
+        torch.set_num_threads(threads)
+    _sigterm_interrupts()
+    try:
+        doc = run(cfg, StreamProgress(sys.stderr, describe=lambda step: step.detail), command=command)
+    except HashMismatch as exc:
+        print(f"rlkernel validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        print(f"rlkernel validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        print(f"rlkernel validate: interrupted ({exc or 'Ctrl-C'}); no report written", file=sys.stderr)
+        return EXIT_FAILED
+    doc = report.document(doc)
+    for line in report.summary(doc):
+        print(line)
+    if args.out:
+        paths = report.write(doc, Path(args.out))
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_OK if doc["ok"] else EXIT_FAILED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkernel", description="Bitwise-reproducible kernels for RL post-training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -263,12 +323,60 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shape set: small (a whole CPU run in minutes) or large (the Qwen3-8B shapes of the "
                        "H200 reports); default: small on cpu, large on an accelerator")
     bench.set_defaults(func=cmd_bench)
+
+    val = sub.add_parser("validate", help="rollout vs trainer log-probs, bit for bit, next to transformers",
+                         description="Generate with rlkernel's rollout engine, replay the completions through the "
+                         "trainer forward in other batchings and count the tokens whose log-probs differ (expected "
+                         "0); optionally layer by layer, and the same through transformers (docs/validate.md).")
+    model = val.add_argument_group("model")
+    model.add_argument("--checkpoint", metavar="DIR", help="Hugging Face checkpoint directory (default: random "
+                       "weights of --config from --seed, written nowhere unless --save-checkpoint)")
+    model.add_argument("--config", default="tiny", choices=("tiny", "qwen3-0.6b"),
+                       help="random model shape (default: %(default)s; qwen3-0.6b: Qwen3-0.6B's shapes)")
+    model.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                       help="model dtype (default: %(default)s)")
+    model.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
+    model.add_argument("--save-checkpoint", metavar="DIR", help="write the model as a checkpoint directory")
+    work = val.add_argument_group("rollout")
+    work.add_argument("--num-prompts", type=int, default=8, help="prompts (default: %(default)s)")
+    work.add_argument("--group-size", type=int, default=4, help="samples per prompt, n (default: %(default)s)")
+    work.add_argument("--prompt-len", type=_span, default=(4, 24), metavar="MIN:MAX",
+                      help="prompt lengths, uniform (default: 4:24)")
+    work.add_argument("--max-tokens", type=int, default=16, help="completion tokens at most (default: %(default)s)")
+    work.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s; 0 = greedy)")
+    work.add_argument("--top-k", type=int, default=0, help="(default: %(default)s = off)")
+    work.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s = off)")
+    work.add_argument("--stop-token-ids", type=_int_list, metavar="IDS", help="comma-separated stop token ids")
+    work.add_argument("--seed", type=int, default=0,
+                      help="weights, prompts, sampling seeds and packing orders (default: %(default)s)")
+    work.add_argument("--engine-batch", type=_int_list, action="append", default=[], metavar="N[,N...]",
+                      help="engine max_num_seqs; several values = one rollout each, all must agree (default: 8)")
+    work.add_argument("--block-size", type=int, default=16, help="KV cache block size (default: %(default)s)")
+    work.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs in the engine")
+    work.add_argument("--threads", type=int, help="torch intra-op CPU threads (default: 1 for the tiny random "
+                      "config, whose ops are too small to gain from more and lose much to thread wake-ups on a busy "
+                      "machine; torch's default otherwise)")
+    check = val.add_argument_group("checks")
+    check.add_argument("--train-micro-batch", type=_int_list, action="append", default=[], metavar="N[,N...]",
+                       help="trainer micro-batch sizes, each a replay in a shuffled packing order (default: 1,3,8)")
+    check.add_argument("--baseline", default="auto", choices=("transformers", "none", "auto"),
+                       help="side-by-side path (default: %(default)s = transformers when installed)")
+    check.add_argument("--baseline-dtype", choices=("bfloat16", "float16", "float32"),
+                       help="transformers model dtype (default: --dtype)")
+    check.add_argument("--layers", action="store_true", help="layer-by-layer check of the first sequences")
+    check.add_argument("--layers-sequences", type=int, default=4,
+                       help="sequences in the layer-by-layer check (default: %(default)s)")
+    check.add_argument("--record", metavar="FILE", help="write the rollout to a record file (safetensors)")
+    check.add_argument("--replay", metavar="FILE", help="replay a record instead of generating")
+    check.add_argument("--out", metavar="DIR", help="write report.json and report.md here")
+    val.set_defaults(func=cmd_validate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rlkernel`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     return int(args.func(args))

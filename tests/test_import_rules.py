@@ -18,6 +18,7 @@ PRODUCT_RULE = "the product never imports the reference (rlkernel.*, except rlke
 ROOT_RULE = "the package root never imports the reference"
 SUITE_RULE = "only the CLI starts the conformance suite"
 BACKEND_RULE = "backends never import the contracts (no reference in a backend)"
+LAYER_RULE = "above the ops, one direction: validate -> rollout | rl -> model -> nn -> ops"
 
 
 def _linter() -> ModuleType:
@@ -49,7 +50,7 @@ def test_the_tree_keeps_every_layer_rule(staged: tuple[ModuleType, Path]) -> Non
     result = linter.lint(tree)
     out = _flat(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
-    for rule in (PRODUCT_RULE, ROOT_RULE, SUITE_RULE, BACKEND_RULE):
+    for rule in (PRODUCT_RULE, ROOT_RULE, SUITE_RULE, BACKEND_RULE, LAYER_RULE):
         assert f"{rule} KEPT" in out, rule
 
 
@@ -62,6 +63,8 @@ PLANTS = [
     ("rlkernel/__init__.py", "import rlkernel.contracts.attention", ROOT_RULE),
     ("rlkernel/ops/_planted.py", "from rlkernel.conformance import runner", SUITE_RULE),
     ("rlkernel/cli.py", "from rlkernel.contracts import rope", PRODUCT_RULE),
+    ("rlkernel/rollout/_planted.py", "from rlkernel.validate import replay", LAYER_RULE),
+    ("rlkernel/rl/_planted.py", "import rlkernel.validate.record", LAYER_RULE),
 ]
 
 

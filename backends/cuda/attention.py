@@ -221,9 +221,15 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             scale: float | None, causal: bool, paged: bool) -> torch.Tensor:
     tq, hq, d = q.shape
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
-    cq = [int(x) for x in cu_q.tolist()]
-    n_seq = len(cq) - 1
-    max_lq = max((cq[i + 1] - cq[i] for i in range(n_seq)), default=0)
+    if torch.cuda.is_current_stream_capturing():
+        # a CUDA-graph capture cannot read cu_q on the host; the caller promises non-empty
+        # segments (rlkernel.ops.attention_paged's docstring), so the longest is <= Tq - B + 1
+        n_seq = cu_q.shape[0] - 1
+        max_lq = tq - n_seq + 1
+    else:
+        cq = [int(x) for x in cu_q.tolist()]
+        n_seq = len(cq) - 1
+        max_lq = max((cq[i + 1] - cq[i] for i in range(n_seq)), default=0)
     if tq == 0 or n_seq == 0 or max_lq == 0:
         return out
     if scale is None:

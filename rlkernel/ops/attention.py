@@ -243,6 +243,10 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     causal : bool
         As in :func:`attention` (needs ``seq_lens_k[b] >= lq_b``).
 
+    While a CUDA graph is being captured the host cannot read the lengths and the table: their
+    value checks are skipped, and every query segment must be non-empty (a decode step's are
+    all 1; the CUDA launcher bounds the longest by ``Tq - B + 1``).
+
     Returns
     -------
     Tensor, q's dtype, [Tq, Hq, D], contiguous
@@ -279,6 +283,9 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
     device = val.same_device(op, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])
     _same_device(op, device, [("block_table", table), ("seq_lens_k", lens), ("cu_seqlens_q", cu_q)])
+    if val.capturing(device):  # a CUDA-graph capture cannot read the lengths and tables on the host
+        return dispatch.call(op, device, q=q, k_cache=k_cache, v_cache=v_cache, block_table=table, seq_lens_k=lens,
+                             cu_seqlens_q=cu_q, scale=_scale(op, scale, q.shape[2]), causal=causal)
     cq = _cu_seqlens(op, "cu_seqlens_q", cu_q, q.shape[0], "q")
     k_lens = [int(x) for x in lens.tolist()]
     q_lens = [cq[i + 1] - cq[i] for i in range(len(cq) - 1)]

@@ -54,7 +54,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     device = v.same_device(op, [("ids", ids), ("weight", weight)])
     vocab, hidden = weight.shape
     flat = ids.reshape(ids.numel())
-    if flat.numel():
+    if flat.numel() and not v.capturing(device):  # a CUDA-graph capture cannot read ids on the host
         bad = (flat < 0) | (flat >= vocab)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])

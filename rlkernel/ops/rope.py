@@ -27,6 +27,8 @@ MIN_TABLE_ROWS = 4096
 MAX_TABLE_GROWTH = 1 << 20
 
 _cache: dict[tuple[int, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
+#: Tables read by captured CUDA graphs: never freed (a growth replaces the cached pair).
+_captured: list[tuple[torch.Tensor, torch.Tensor]] = []
 _lock = threading.Lock()
 
 
@@ -159,7 +161,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
         D even. A ``[T, D]`` input is one head per token. Non-contiguous views (q/k slices of
         a fused qkv projection) are accepted (read through a contiguous copy).
     positions : Tensor, int64 or int32, [T], on x's device
-        Position of each token in its sequence, in [0, 2**24).
+        Position of each token in its sequence, in [0, 2**24). While a CUDA graph is being
+        captured they are not read (nor checked): they must lie below the cached tables' length,
+        grown beforehand by an eager call at the largest position.
     theta : float
         RoPE base (Qwen3: 1e6), its exact binary64 value; finite and > 0.
 
@@ -197,6 +201,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     head_dim = x.shape[-1]
     _check_config(op, head_dim, theta)
     rows = 1
+    if v.capturing(device):
+        # A CUDA-graph capture cannot read the positions: it uses the cached tables as they are,
+        # which the caller has grown beforehand (an eager call at its largest position), and
+        # keeps them alive for the graph's lifetime (it holds their addresses).
+        cos, sin = _tables(head_dim, float(theta), device, rows)
+        with _lock:
+            if not any(c is cos for c, _ in _captured):
+                _captured.append((cos, sin))
+        return dispatch.call(op, device, x=v.contiguous(x), positions=v.contiguous(positions.to(torch.int64)),
+                             cos=cos, sin=sin)
     if positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= MAX_POSITION:
