@@ -52,9 +52,10 @@ def _trainer_logprobs(model, outs: list[RolloutOutput], temperature: float) -> l
     cu = [0]
     for s in seqs:
         cu.append(cu[-1] + len(s))
+    device = model.lm_head.weight.device
     with torch.no_grad():
-        lp = packed_logprobs(model, torch.tensor(sum(seqs, []), dtype=torch.int64),
-                             torch.tensor(cu, dtype=torch.int32), temperature=temperature)
+        lp = packed_logprobs(model, torch.tensor(sum(seqs, []), dtype=torch.int64, device=device),
+                             torch.tensor(cu, dtype=torch.int32, device=device), temperature=temperature).cpu()
     return [lp[cu[b] + len(o.prompt_token_ids):cu[b + 1]] for b, o in enumerate(outs)]
 
 
@@ -238,6 +239,9 @@ def test_cache_size_from_memory(model) -> None:
 
 def _tp_worker(rank: int, world: int, init_file: str, path: str) -> None:
     import datetime
+    import faulthandler
+
+    faulthandler.enable()  # a native abort (gloo) prints where Python was
 
     import torch.distributed as dist
 
@@ -289,3 +293,25 @@ def test_padded_decode_buffers_keep_the_bits(model, prompts, baseline) -> None:
     outs = llm.generate(prompts, PARAMS)
     assert_same_outputs(baseline, outs, "padded static decode buffers")
     assert runner.graphs.steps > runner.graphs.padded_steps > 0
+
+
+def test_an_interrupted_generate_frees_every_block(model, prompts, baseline, monkeypatch) -> None:
+    llm = LLM(model, num_blocks=40, block_size=4)
+    run = llm.model_runner.run
+    calls = []
+
+    def failing(batch):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return run(batch)
+
+    monkeypatch.setattr(llm.model_runner, "run", failing)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompts, PARAMS)
+    assert llm.block_manager.num_free_blocks == 40 and llm.scheduler.is_finished()
+    monkeypatch.setattr(llm.model_runner, "run", run)
+    outs = llm.generate(prompts[1:2], dataclasses.replace(PARAMS[1], n=2))
+    for o in outs:
+        o.prompt_index = 1
+    assert_same_outputs(baseline[4:6], outs, "after an interrupted call")

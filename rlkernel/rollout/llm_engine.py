@@ -233,13 +233,18 @@ class LLM:
         for seq in seqs:
             self.scheduler.add(seq)
         progress = _Progress(len(seqs), self.stats) if use_tqdm and self.model.tp_rank == 0 else None
-        with torch.inference_mode():
-            while not self.scheduler.is_finished():
-                finished = self.step()
-                if progress is not None:
-                    progress.update(finished)
-        if progress is not None:
-            progress.close()
+        try:
+            with torch.inference_mode():
+                while not self.scheduler.is_finished():
+                    finished = self.step()
+                    if progress is not None:
+                        progress.update(finished)
+        except BaseException:
+            self.scheduler.abort_all()  # leave the engine usable (every block free) for the next call
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
         return [seq.output() for seq in seqs]
 
     # ------------------------------------------------------------------ the loop

@@ -97,10 +97,12 @@ class ModelRunner:
             return self.graphs.run([seq.token_ids[-1] for seq, _ in batch], [len(seq) for seq, _ in batch],
                                    [seq.block_table for seq, _ in batch])
         ids: list[int] = []
+        positions: list[int] = []
         query_lens, context_lens = [], []
         for seq, n in batch:
             start = seq.num_computed_tokens
             ids += seq.token_ids[start:start + n]
+            positions += range(start, start + n)
             query_lens.append(n)
             context_lens.append(start + n)
         width = max(len(seq.block_table) for seq, _ in batch)
@@ -112,7 +114,8 @@ class ModelRunner:
         else:
             meta = AttentionMetadata.paged(query_lens, context_lens, table, self.block_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        return self.model(input_ids, meta.positions(), meta, self.kv_cache, check=self.check)
+        position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)  # = meta.positions()
+        return self.model(input_ids, position_ids, meta, self.kv_cache, check=self.check)
 
     def _sample(self, last: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """int64 [B]: each sequence's next token from the sample op (its seed, the token's position)."""

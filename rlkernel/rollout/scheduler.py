@@ -102,6 +102,16 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def abort_all(self) -> None:
+        """Drop every unfinished sequence and free its blocks (a ``generate`` that raised)."""
+        for seq in self.running:
+            self.block_manager.free(seq)
+            seq.status = SequenceStatus.FINISHED
+        for seq in self.waiting:
+            seq.status = SequenceStatus.FINISHED
+        self.running.clear()
+        self.waiting.clear()
+
     def finish(self, seq: Sequence) -> None:
         """Free a finished sequence's blocks and drop it from the running queue."""
         self.running.remove(seq)
