@@ -8,6 +8,8 @@ pair's group (TP = 2) and with the world (TP = 4), and checks on bytes that
 * a sampled rollout (chunked prefill + decode over the paged cache, vocabulary-parallel logits
   for ``sample`` and log-probs through the sharded ``token_logprobs``) draws the same tokens
   with the same log-probs as at TP = 1, and those equal the trainer's;
+* the rollout engine (``rlkernel.rollout.LLM``: continuous batching, chunked prefill, n samples,
+  top-k) gives the TP = 1 engine's tokens and log-prob bits;
 * a TP = 2 model saves (gathered shards) exactly the checkpoint it loaded;
 * the exact float collectives keep -0, NaN and the owner's bits.
 """
@@ -36,6 +38,7 @@ from safetensors import safe_open
 from rlkernel.model import Qwen3Config, Qwen3ForCausalLM, load_checkpoint, save_checkpoint
 from rlkernel.nn.parallel import combine_owned, max_fp32
 from rlkernel.rl import packed_logprobs
+from rlkernel.rollout import LLM, SamplingParams
 
 CONFIG = tiny_config(num_attention_heads=8, num_key_value_heads=4, head_dim=8)
 PROMPT_LENS = [4, 1, 6]
@@ -80,8 +83,21 @@ def _check_collectives(rank: int, world: int, group: object) -> None:
     assert m[2].item() == world - 1 and m[3].item() == -5.0 + world - 1
 
 
+def _engine(model: Qwen3ForCausalLM) -> list:
+    """The rollout engine on two prompts: sampled (n = 2, top-k) and greedy, small token budget."""
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (6, 2)]
+    params = [SamplingParams(temperature=0.9, top_k=30, max_tokens=3, n=2, seed=1),
+              SamplingParams(temperature=0.0, max_tokens=2)]
+    return LLM(model, num_blocks=16, block_size=4, max_num_seqs=2, max_num_batched_tokens=4).generate(prompts, params)
+
+
 def _check_model(path: Path, group: object, label: str, reference: dict) -> None:
     model = load_checkpoint(path, group=group)
+    outs = _engine(model)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference["engine"]], f"{label}: engine tokens"
+    for o, e in zip(outs, reference["engine"]):
+        assert_same_bits(e.logprobs, o.logprobs, f"{label}: engine log-probs of request {o.request_id}")
     ids, cu = _sequences()
     trainer = packed_logprobs(model, ids, cu, micro_batch_size=3)
     assert_same_bits(reference["trainer"], trainer, f"{label}: trainer log-probs")
@@ -104,7 +120,8 @@ def _worker(rank: int, world: int, init_file: str, path: str, out: str) -> None:
             ids, cu = _sequences()
             logps, tokens = rollout(one, _prompts(), PROMPT_LENS, TOTAL_LENS, max_batch=3, chunk=None,
                                     block_size=4, num_blocks=16, seed=0)
-            reference = {"trainer": packed_logprobs(one, ids, cu), "rollout": logps, "tokens": tokens}
+            reference = {"trainer": packed_logprobs(one, ids, cu), "rollout": logps, "tokens": tokens,
+                         "engine": _engine(one)}
             ids_g = torch.tensor(sum(tokens, []), dtype=torch.int64)
             cu_g = torch.tensor([0, *torch.tensor(TOTAL_LENS).cumsum(0).tolist()], dtype=torch.int32)
             replay = packed_logprobs(one, ids_g, cu_g)
@@ -128,6 +145,9 @@ def _worker(rank: int, world: int, init_file: str, path: str, out: str) -> None:
 
             with pytest.raises(ValueError, match="num_key_value_heads = 2 is not divisible by the TP degree 4"):
                 Qwen3ForCausalLM(Qwen3Config.from_dict(tiny_config()), group=dist.group.WORLD)
+        # every rank out of its last collective before any tears gloo down (a rank destroying its
+        # group while another still talked aborted natively now and then)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

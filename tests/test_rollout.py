@@ -237,46 +237,6 @@ def test_cache_size_from_memory(model) -> None:
     assert LLM(model, block_size=4, max_num_seqs=2, max_model_len=40).num_blocks == 20  # CPU: what 2 x 40 tokens need
 
 
-def _tp_worker(rank: int, world: int, init_file: str, path: str) -> None:
-    import datetime
-    import faulthandler
-
-    faulthandler.enable()  # a native abort (gloo) prints where Python was
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        with forward_only_one_thread():
-            g = torch.Generator().manual_seed(8)
-            prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (6, 2)]
-            params = [SamplingParams(temperature=0.9, top_k=30, max_tokens=3, n=2, seed=1),
-                      SamplingParams(temperature=0.0, max_tokens=2)]
-            outs = []
-            for group in (None, dist.group.WORLD):
-                model = load_checkpoint(path, group=group)
-                outs.append(LLM(model, num_blocks=16, block_size=4, max_num_seqs=2,
-                                max_num_batched_tokens=4).generate(prompts, params))
-            assert_same_outputs(outs[0], outs[1], f"rank {rank}: TP=2 vs TP=1")
-        # both ranks out of their last collective before either tears gloo down (a rank that
-        # destroyed its group while the other still talked aborted once in ten runs)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_tensor_parallel_engine_gives_tp1_bits(tmp_path) -> None:
-    """Two gloo processes run the same engine over a TP = 2 model: the TP = 1 tokens and log-probs."""
-    import os
-
-    import torch.multiprocessing as mp
-
-    config = tiny_config()
-    path = write_checkpoint(tmp_path / "ckpt", config, random_weights(config, seed=0))
-    mp.spawn(_tp_worker, args=(2, os.path.join(tmp_path, "init"), str(path)), nprocs=2, join=True)
-
-
 def test_padded_decode_buffers_keep_the_bits(model, prompts, baseline) -> None:
     """The CUDA-graph decode path without the graphs: static buffers, batches padded to the captured
     sizes (1, 2, 4, 7) with rows writing to the padding blocks, run eagerly on the CPU and
