@@ -139,6 +139,38 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if result.records and result.ok else EXIT_FAILED
 
 
+def cmd_static(args: argparse.Namespace) -> int:
+    """Compile a backend's kernels for its architectures on this machine (no GPU) and write the
+    static-check report: ``report.json`` (every kernel, its findings and code hash) and ``report.md``."""
+    from rlkernel.conformance.static import render_markdown
+    from rlkernel.registry import get_backend
+
+    try:
+        backend = get_backend(args.backend)
+    except ValueError as exc:
+        print(f"rlkernel static: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    make = getattr(backend, "static_report", None)
+    if make is None:
+        print(f"rlkernel static: backend {args.backend!r} has no static report (rlkernel conformance runs "
+              f"its static_checks(), if any)", file=sys.stderr)
+        return EXIT_USAGE
+    result = make(args.op, args.arch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["rlkernel", *sys.argv[1:]]) if sys.argv[1:2] == ["static"] else f"rlkernel static --backend " \
+        f"{args.backend} --out {args.out}"
+    (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "report.md").write_text(render_markdown(result, command))
+    failed = [k for k in result["kernels"] if k["status"] != "pass"]
+    for k in failed:
+        print(f"FAIL {k['arch']}/{k['op']}/{k['case']}: {k['error'] or '; '.join(k['findings'][:3])}")
+    for arch, counts in result["archs"].items():
+        print(f"{arch}: {counts['compiled']} compiled, {counts['passed']} passed, {counts['failed']} failed")
+    print(f"reports: {out / 'report.json'}, {out / 'report.md'}")
+    return EXIT_FAILED if failed or not result["kernels"] else EXIT_OK
+
+
 def _bench_result(row: Any) -> str:
     """One bench row in a few words: the ratio, or the errors."""
     ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
@@ -243,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--fail-fast", action="store_true",
                       help="stop at the first case that does not pass (the cases left count as not run)")
     conf.set_defaults(func=cmd_conformance, full=False)
+
+    static = sub.add_parser("static", help="compile a backend's kernels for its architectures (no GPU) and "
+                            "check the machine code; writes the static-check report")
+    static.add_argument("--backend", required=True, help="backend with a static report (rocm)")
+    static.add_argument("--arch", action="append", help="architecture (repeatable; default: every one of the "
+                        "backend's that the installed Triton compiles for)")
+    static.add_argument("--op", action="append", help="op to compile (repeatable; default: all)")
+    static.add_argument("--out", default="static-report", help="output directory (default: %(default)s)")
+    static.set_defaults(func=cmd_static)
 
     acc = sub.add_parser("accuracy", help="measure every op against float64, next to the native kernels")
     acc.add_argument("--device", help="device (default: cuda if available, else cpu)")
