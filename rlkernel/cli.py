@@ -114,12 +114,29 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                               full=args.full, manifest_path=args.manifest,
                               fail_fast=args.fail_fast)
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
+    primitives = None
+    if args.backend != "reference":  # primitives first: one line names what is wrong on this device
+        from rlkernel.conformance.primitives import first_failure, probe
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            primitives = probe(device)
+        except (RuntimeError, ValueError) as exc:  # an unknown device string: the runner reports it below
+            primitives = [{"name": "*", "checks": "probes", "status": "error", "detail": str(exc)}]
+        line = first_failure(primitives)
+        print(line or f"primitives: {len(primitives)} probes pass on {device}", file=sys.stderr)
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
     except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install
         print(f"rlkernel conformance: {exc}", file=sys.stderr)
         return EXIT_USAGE
     paths = report.write(result, Path(args.out), command=["rlkernel", *sys.argv[1:]])
+    if primitives is not None:
+        (Path(args.out) / "primitives.json").write_text(json.dumps(primitives, indent=1) + "\n")
+    if args.kit:
+        from rlkernel.conformance import kit
+
+        paths["kit"] = kit.write(Path(args.out), result.environment, primitives or [])
     if result.missing_contracts:
         print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
     for r in result.records:
@@ -274,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--manifest", type=Path, default=None, help="golden manifest (default: the packaged one)")
     conf.add_argument("--fail-fast", action="store_true",
                       help="stop at the first case that does not pass (the cases left count as not run)")
+    conf.add_argument("--kit", action="store_true",
+                      help="also write environment.json, kernels.json (code hashes of the kernels that ran) and "
+                           "MANIFEST.sha256, and pack OUT.tar.gz to send back (docs/conformance-kit.md)")
     conf.set_defaults(func=cmd_conformance, full=False)
 
     static = sub.add_parser("static", help="compile a backend's kernels for its architectures (no GPU) and "

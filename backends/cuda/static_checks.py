@@ -31,8 +31,8 @@ from rlkernel.backends.triton.compile import Spec, compile_for, make_source, tri
 from rlkernel.backends.triton.compile import all_specs as _all_specs
 from rlkernel.backends.triton.targets import CUDA
 
-__all__ = ["FORBIDDEN_PTX", "all_specs", "compile_ptx", "make_source", "scan_ptx", "static_checks",
-           "triton_version"]
+__all__ = ["FORBIDDEN_PTX", "all_specs", "compile_ptx", "make_source", "ptx_code_sha256", "scan_ptx",
+           "static_checks", "triton_version"]
 
 #: (name, regex) of forbidden PTX; each is matched against instruction lines only
 FORBIDDEN_PTX: tuple[tuple[str, str], ...] = (
@@ -64,6 +64,24 @@ def compile_ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], 
     compiled = compile_for(fn, signature, constexprs, compiler="cuda", arch=arch, warp_size=WARP,
                            options={"enable_fp_fusion": enable_fp_fusion, "num_warps": num_warps})
     return compiled.asm["ptx"]
+
+
+def ptx_code_sha256(ptx: str) -> str:
+    """SHA-256 of PTX without source locations (``.loc``, ``.file``) and DWARF sections: the same
+    code compiled from another checkout (other paths) hashes the same."""
+    import hashlib
+
+    lines, in_debug = [], False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".section") and ".debug" in s:
+            in_debug = True
+        if in_debug:
+            in_debug = s != "}"
+            continue
+        if not s.startswith((".loc", ".file")):
+            lines.append(line)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def _instruction_lines(ptx: str) -> Iterable[str]:

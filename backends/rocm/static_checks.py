@@ -26,7 +26,8 @@ for what would break R1-R3 (docs/numerics.md) on AMD hardware:
   3. **Exact integer division** (``//`` and ``%`` on runtime integers): the quotient estimate
      ``v_cvt_f32_u32`` -> ``v_rcp_iflag_f32``/``v_rcp_f32`` -> ``v_mul_f32`` (0x4f7ffffe,
      0x5f7ffffc, 0x2f800000; 64-bit: ``v_fmac_f32`` with 0x4f800000 / 0xcf800000) ->
-     ``v_cvt_u32_f32``, followed by integer correction steps that make the quotient exact.
+     ``v_cvt_u32_f32``, followed by integer correction steps that make the quotient exact (gfx90a
+     uses the unfused ``v_mac_f32`` where gfx942 uses ``v_fmac_f32``).
 
   Membership is decided by a def-use pass over the kernel's instructions in program order
   (registers carry a tag: division, sqrt or integer-division, set by the instruction that wrote
@@ -87,6 +88,9 @@ _LLIR_FLOAT_ATOMIC = re.compile(r"\batomicrmw\s+(volatile\s+)?f(add|sub|max|min)
                                 r"|\batomicrmw\b.*\b(float|half|bfloat|double)\b")
 #: literals of LLVM's integer-division quotient estimate (2**32 - 2 ulp, 2**64 - 4 ulp, 2**-32, 2**32, -2**32)
 _INT_DIV_LITERALS = {"0x4f7ffffe", "0x5f7ffffc", "0x2f800000", "0x4f800000", "0xcf800000"}
+#: multiply-adds of the 64-bit quotient estimate (gfx942: v_fmac_f32; gfx90a: v_mac_f32, unfused)
+_INT_DIV_MULADD = ("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_fma_f32", "v_mac_f32", "v_mad_f32", "v_madmk_f32",
+                   "v_madak_f32")
 _REG = re.compile(r"\b([vs])(\d+)\b|\b([vs])\[(\d+):(\d+)\]")
 _INSTR = re.compile(r"^(v|s|global|buffer|ds|flat|scratch)_\w+")
 
@@ -180,7 +184,7 @@ def scan_amdgcn(amdgcn: str, *, digit_gemm: bool = False, llir: str = "", shared
                 new_tag = "div"
             elif mn in ("v_fma_f32", "v_fmac_f32") and len(mult_tags) == 2 and all(t == {"sqrt"} for t in mult_tags):
                 new_tag = None  # a residual of the sqrt correction (read by v_cmp only)
-            elif mn in ("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_fma_f32") and flat == {"int"} \
+            elif mn in _INT_DIV_MULADD and flat == {"int"} \
                     and literals & _INT_DIV_LITERALS:
                 new_tag = "int"
             else:
