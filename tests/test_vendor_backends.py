@@ -150,10 +150,9 @@ def test_vendor_backend_runs_the_generic_kernels(monkeypatch: pytest.MonkeyPatch
                                                  device_type: str) -> None:
     """Forced onto CPU tensors (the device being simulated), the backend runs the real generic code;
     its bits are the reference's and the cpu backend's, and the trace names the vendor backend."""
+    from rlkernel.backends.generic import linear as generic_linear
     from rlkernel.contracts import linear as linear_contract
     from rlkernel.contracts import rms_norm as rms_contract
-
-    from rlkernel.backends.generic import linear as generic_linear
 
     _fake_plugin(monkeypatch, plugin, device_type)
     monkeypatch.setattr(cls, "device_types", (device_type, "cpu"))
