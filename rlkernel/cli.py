@@ -27,6 +27,17 @@ def _cuda_arch(index: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def _served_by(device: torch.device) -> str:
+    """`` -> rocm (gfx942: compiled)``: the backend that runs ops on ``device`` by default, and its level there."""
+    from rlkernel.registry import backend_for
+
+    try:
+        backend = backend_for(device.type)
+        return f" -> {backend.name} ({backend.architecture(device)}: {backend.level(device)})"
+    except RuntimeError as exc:  # no usable backend serves it: say why, do not fail the listing
+        return f" -> no backend ({exc})"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print versions, devices, backends (probe, devices, levels, kernel count) and contracts."""
     import platform
@@ -40,7 +51,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  cpu: {cpu_model()} ({platform.machine()})")
     if torch.cuda.is_available():  # CUDA (or ROCm presenting itself as cuda) only; no other vendor is touched
         for i in range(torch.cuda.device_count()):
-            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)})")
+            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)}){_served_by(torch.device('cuda', i))}")
     print("backends:")
     try:
         from rlkernel.registry import all_backends, probe_results

@@ -34,7 +34,7 @@ def _imports_of(package: Path, seen: set[Path] | None = None) -> set[str]:
             if m:
                 found.add(m.group(1).lower())
             shared = re.match(r"\s*from\s+rlkernel\.backends\.(\w+)", line)
-            if shared and (ROOT / "backends" / shared.group(1)).is_dir() \
+            if shared and package.parent == ROOT / "backends" and (ROOT / "backends" / shared.group(1)).is_dir() \
                     and ROOT / "backends" / shared.group(1) not in seen:
                 found |= _imports_of(ROOT / "backends" / shared.group(1), seen)
     return found

@@ -175,3 +175,17 @@ def test_vendor_backend_runs_the_generic_kernels(monkeypatch: pytest.MonkeyPatch
     assert torch.equal(_bits(r), _bits(refs["rms_norm"]))
     with use_backend("cpu"):
         assert torch.equal(_bits(rlkernel.ops.linear(x, w)), _bits(y))
+
+
+def test_info_names_the_backend_and_level_of_a_rocm_device(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from rlkernel import cli
+
+    _as_rocm_build(monkeypatch)
+    _fresh_registry(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "AMD Instinct MI300X")
+    cli.main(["info"])
+    out = capsys.readouterr().out
+    assert "cuda:0: AMD Instinct MI300X (gfx942:sramecc+:xnack-) -> rocm (gfx942: compiled)" in out, out
