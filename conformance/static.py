@@ -66,3 +66,24 @@ def collect(backend: Any, ops: list[str] | None = None) -> list[dict[str, Any]]:
         status = "pass" if passed else "fail"
         records.append({"op": str(op), "case": str(case), "status": status, "detail": str(detail)})
     return records
+
+
+def render_markdown(report: dict[str, Any], command: str) -> str:
+    """The Markdown of a static-check report (``report()`` of a backend's static checks module)."""
+    lines = [f"# Static checks: backend `{report['backend']}` (compiled on a CPU machine, no GPU)", "",
+             f"Triton {report['triton']}; produced by `{command}`.", "",
+             "| architecture | compiled | passed | failed |", "| --- | --- | --- | --- |"]
+    for arch, counts in report["archs"].items():
+        lines.append(f"| {arch} | {counts['compiled']} | {counts['passed']} | {counts['failed']} |")
+    lines += ["", "Every specialisation, with its findings (empty when it conforms), the LDS it takes, the "
+              "matrix instructions it uses and the SHA-256 of its code (instructions and kernel descriptor, "
+              "without source locations):", "",
+              "| arch | op | case | status | LDS B | scratch B | MFMA | code sha256 |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k in report["kernels"]:
+        status = k["status"] if k["status"] == "pass" else f"**{k['status']}**: {'; '.join(k['findings'][:3])}"
+        if k.get("error"):
+            status = f"**fail**: {k['error'][:200]}"
+        lines.append(f"| {k['arch']} | {k['op']} | {k['case']} | {status} | {k['lds_bytes']} | {k['scratch_bytes']} "
+                     f"| {', '.join(k['mfma'])} | `{k['code_sha256'][:16]}` |")
+    return "\n".join(lines) + "\n"

@@ -28,6 +28,17 @@ def _cuda_arch(index: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def _served_by(device: torch.device) -> str:
+    """`` -> rocm (gfx942: compiled)``: the backend that runs ops on ``device`` by default, and its level there."""
+    from rlkernel.registry import backend_for
+
+    try:
+        backend = backend_for(device.type)
+        return f" -> {backend.name} ({backend.architecture(device)}: {backend.level(device)})"
+    except RuntimeError as exc:  # no usable backend serves it: say why, do not fail the listing
+        return f" -> no backend ({exc})"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print versions, devices, backends (probe, devices, levels, kernel count) and contracts."""
     import platform
@@ -41,7 +52,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  cpu: {cpu_model()} ({platform.machine()})")
     if torch.cuda.is_available():  # CUDA (or ROCm presenting itself as cuda) only; no other vendor is touched
         for i in range(torch.cuda.device_count()):
-            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)})")
+            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)}){_served_by(torch.device('cuda', i))}")
     print("backends:")
     try:
         from rlkernel.registry import all_backends, probe_results
@@ -115,12 +126,29 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                               full=args.full, manifest_path=args.manifest,
                               fail_fast=args.fail_fast)
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
+    primitives = None
+    if args.backend != "reference":  # primitives first: one line names what is wrong on this device
+        from rlkernel.conformance.primitives import first_failure, probe
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            primitives = probe(device)
+        except (RuntimeError, ValueError) as exc:  # an unknown device string: the runner reports it below
+            primitives = [{"name": "*", "checks": "probes", "status": "error", "detail": str(exc)}]
+        line = first_failure(primitives)
+        print(line or f"primitives: {len(primitives)} probes pass on {device}", file=sys.stderr)
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
     except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install
         print(f"rlkernel conformance: {exc}", file=sys.stderr)
         return EXIT_USAGE
     paths = report.write(result, Path(args.out), command=["rlkernel", *sys.argv[1:]])
+    if primitives is not None:
+        (Path(args.out) / "primitives.json").write_text(json.dumps(primitives, indent=1) + "\n")
+    if args.kit:
+        from rlkernel.conformance import kit
+
+        paths["kit"] = kit.write(Path(args.out), result.environment, primitives or [])
     if result.missing_contracts:
         print(f"contracts not present in this tree (not run): {', '.join(result.missing_contracts)}", file=sys.stderr)
     for r in result.records:
@@ -138,6 +166,38 @@ def cmd_conformance(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(result.final_line())
     return EXIT_OK if result.records and result.ok else EXIT_FAILED
+
+
+def cmd_static(args: argparse.Namespace) -> int:
+    """Compile a backend's kernels for its architectures on this machine (no GPU) and write the
+    static-check report: ``report.json`` (every kernel, its findings and code hash) and ``report.md``."""
+    from rlkernel.conformance.static import render_markdown
+    from rlkernel.registry import get_backend
+
+    try:
+        backend = get_backend(args.backend)
+    except ValueError as exc:
+        print(f"rlkernel static: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    make = getattr(backend, "static_report", None)
+    if make is None:
+        print(f"rlkernel static: backend {args.backend!r} has no static report (rlkernel conformance runs "
+              f"its static_checks(), if any)", file=sys.stderr)
+        return EXIT_USAGE
+    result = make(args.op, args.arch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["rlkernel", *sys.argv[1:]]) if sys.argv[1:2] == ["static"] else f"rlkernel static --backend " \
+        f"{args.backend} --out {args.out}"
+    (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "report.md").write_text(render_markdown(result, command))
+    failed = [k for k in result["kernels"] if k["status"] != "pass"]
+    for k in failed:
+        print(f"FAIL {k['arch']}/{k['op']}/{k['case']}: {k['error'] or '; '.join(k['findings'][:3])}")
+    for arch, counts in result["archs"].items():
+        print(f"{arch}: {counts['compiled']} compiled, {counts['passed']} passed, {counts['failed']} failed")
+    print(f"reports: {out / 'report.json'}, {out / 'report.md'}")
+    return EXIT_FAILED if failed or not result["kernels"] else EXIT_OK
 
 
 def _bench_result(row: Any) -> str:
@@ -302,7 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--manifest", type=Path, default=None, help="golden manifest (default: the packaged one)")
     conf.add_argument("--fail-fast", action="store_true",
                       help="stop at the first case that does not pass (the cases left count as not run)")
+    conf.add_argument("--kit", action="store_true",
+                      help="also write environment.json, kernels.json (code hashes of the kernels that ran) and "
+                           "MANIFEST.sha256, and pack OUT.tar.gz to send back (docs/conformance-kit.md)")
     conf.set_defaults(func=cmd_conformance, full=False)
+
+    static = sub.add_parser("static", help="compile a backend's kernels for its architectures (no GPU) and "
+                            "check the machine code; writes the static-check report")
+    static.add_argument("--backend", required=True, help="backend with a static report (rocm)")
+    static.add_argument("--arch", action="append", help="architecture (repeatable; default: every one of the "
+                        "backend's that the installed Triton compiles for)")
+    static.add_argument("--op", action="append", help="op to compile (repeatable; default: all)")
+    static.add_argument("--out", default="static-report", help="output directory (default: %(default)s)")
+    static.set_defaults(func=cmd_static)
 
     acc = sub.add_parser("accuracy", help="measure every op against float64, next to the native kernels")
     acc.add_argument("--device", help="device (default: cuda if available, else cpu)")

@@ -31,6 +31,9 @@ _BUILTINS = (
     "rlkernel.backends.cpu:CpuBackend",
     "rlkernel.backends.generic:GenericBackend",
     "rlkernel.backends.cuda:CudaBackend",
+    "rlkernel.backends.rocm:RocmBackend",
+    "rlkernel.backends.ascend:AscendBackend",
+    "rlkernel.backends.musa:MusaBackend",
 )
 
 #: The environment variable that forces a backend for every call.

@@ -55,20 +55,22 @@ def test_cuda_quick_conformance(module: str) -> None:
 
 
 def test_linear_decode_and_prefill_paths_agree() -> None:
-    from rlkernel.backends.cuda import linear as L
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton.targets import CUDA
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     x = torch.randn(256, 4096, generator=g, device="cuda").to(torch.bfloat16)
     x[:, 7] *= 300.0  # an outlier channel
-    whole = L.linear(x, w)  # prefill path (M > 64)
+    whole = L.linear(x, w, target=CUDA)  # prefill path (M > 64)
     for m in (1, 3, 16, 64):
-        part = L.linear(x[:m], w)  # decode path
+        part = L.linear(x[:m], w, target=CUDA)  # decode path
         _assert_bitwise(whole[:m], part, f"linear M={m} (decode) vs M=256 (prefill)")
 
 
 def test_token_logprobs_memory_is_bounded() -> None:
-    from rlkernel.backends.cuda.token_logprobs import token_logprobs
+    from rlkernel.backends.triton.targets import CUDA
+    from rlkernel.backends.triton.token_logprobs import token_logprobs
 
     g = torch.Generator(device="cuda").manual_seed(1)
     t, h, v = 2048, 1024, 151936
@@ -78,7 +80,7 @@ def test_token_logprobs_memory_is_bounded() -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out = token_logprobs(hidden, weight, targets)
+    out = token_logprobs(hidden, weight, targets, target=CUDA)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     logits_bytes = t * v * 4
@@ -104,9 +106,11 @@ def _graph_replay(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
 def test_linear_decode_captures_in_cuda_graphs() -> None:
     """The split-K decode path of ``linear`` launches without host syncs (vLLM captures decode
     steps in CUDA graphs) and replays from a graph with eager's bits."""
-    from rlkernel.backends.cuda import linear as L
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton.targets import CUDA
 
     g = torch.Generator(device="cuda").manual_seed(2)
     w = (torch.randn(4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     x = torch.randn(1, 4096, generator=g, device="cuda").to(torch.bfloat16)
-    _assert_bitwise(L.linear(x, w), _graph_replay(lambda: L.linear(x, w)), "linear M=1 graph replay")
+    _assert_bitwise(L.linear(x, w, target=CUDA), _graph_replay(lambda: L.linear(x, w, target=CUDA)),
+                    "linear M=1 graph replay")

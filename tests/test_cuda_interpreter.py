@@ -188,7 +188,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
 
 def run_primitive_checks() -> list[dict[str, Any]]:
     """The Triton primitives on random bit patterns + specials vs ``rlkernel.contracts._exact``."""
-    from rlkernel.backends.cuda import _prims as P
+    from rlkernel.backends.triton import _prims as P
     from rlkernel.contracts._exact import fixed as FX
     from rlkernel.contracts._exact import fp32 as F
     from rlkernel.contracts._exact import transcendental as T
@@ -239,7 +239,7 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16x32 (query x key) tiles in
     attention. The bits must not move: tiling is free because every sum is an integer sum."""
-    from rlkernel.backends.cuda import attention, linear, rms_norm, softmax
+    from rlkernel.backends.triton import attention, linear, rms_norm, softmax
 
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True

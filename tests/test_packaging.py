@@ -22,13 +22,21 @@ def _import_name(requirement: str) -> str:
     return name.replace("-", "_").lower()
 
 
-def _imports_of(package: Path) -> set[str]:
+def _imports_of(package: Path, seen: set[Path] | None = None) -> set[str]:
+    """Top-level modules imported by ``package``, and by the backend packages it imports
+    (``rlkernel.backends.triton``: the cuda and rocm backends run its kernels)."""
+    seen = set() if seen is None else seen
+    seen.add(package)
     found: set[str] = set()
     for path in package.rglob("*.py"):
         for line in path.read_text().splitlines():
             m = re.match(r"\s*(?:from|import)\s+([A-Za-z_][\w]*)", line)
             if m:
                 found.add(m.group(1).lower())
+            shared = re.match(r"\s*from\s+rlkernel\.backends\.(\w+)", line)
+            if shared and package.parent == ROOT / "backends" and (ROOT / "backends" / shared.group(1)).is_dir() \
+                    and ROOT / "backends" / shared.group(1) not in seen:
+                found |= _imports_of(ROOT / "backends" / shared.group(1), seen)
     return found
 
 

@@ -11,7 +11,7 @@ For the bench cases of the given contract modules (``rlkernel bench``'s inputs),
 
 ``eager_ms`` far above the kernels' sum means the call is bound by host launches, not the GPU.
 ``--set module.ATTR=VALUE`` overrides a tuning constant before the run (several allowed), e.g.
-``--set rlkernel.backends.cuda.linear.SPLIT_K_WAVES=0`` (no split-K), to compare variants.
+``--set rlkernel.backends.triton.rms_norm.MAX_BLOCK=1024`` (longer rows loop over tiles), to compare variants.
 
 Usage (on the GPU machine; see tools/device_run.sh for the staging)::
 

@@ -1,7 +1,9 @@
-"""The ``cuda`` backend: Triton kernels for NVIDIA GPUs (CuPy only where Triton lacks something).
+"""The ``cuda`` backend: the shared Triton kernels (``backends/triton/``) on NVIDIA GPUs.
 
-The probe is cheap: it checks that torch was built for CUDA (not ROCm, which also presents
-``cuda`` devices) and that Triton is importable, without initialising a device.
+Facts only: the kernels and their launchers are ``rlkernel.backends.triton``'s, run with the
+``CUDA`` target (``backends/triton/targets.py``: tiles, warps of 32, sm_90 static checks). The
+probe is cheap: it checks that torch was built for CUDA (not ROCm, which also presents ``cuda``
+devices) and that Triton is importable, without initialising a device.
 """
 
 from __future__ import annotations
@@ -11,47 +13,19 @@ from typing import ClassVar
 
 import torch
 
-from rlkernel.backend import Backend
+from rlkernel.backends.triton import KERNELS, TritonBackend
+from rlkernel.backends.triton.targets import CUDA
 
-#: op -> "module:function" in this package. An op without a kernel here is absent: dispatch then
-#: raises an error naming the backends that have it (never a silent fallback). Ops under
-#: ``torch_exact`` are exact device code in torch operations rather than Triton kernels.
-KERNELS: dict[str, str] = {
-    "all_reduce": "all_reduce:all_reduce",
-    "attention": "attention:attention",
-    "attention_paged": "attention:attention_paged",
-    "embedding": "embedding:embedding",
-    "kl_k3": "rl:kl_k3",
-    "linear": "linear:linear",
-    "linear_exponents": "linear:linear_exponents",
-    "linear_partial": "linear:linear_partial",
-    "linear_finish": "linear:linear_finish",
-    "rms_norm": "rms_norm:rms_norm",
-    "rope": "rope:rope",
-    "silu_mul": "silu_mul:silu_mul",
-    "token_logprobs": "token_logprobs:token_logprobs",
-    "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
-    "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
-    "softmax": "softmax:softmax",
-    "log_softmax": "softmax:log_softmax",
-    "sample": "torch_exact:sample",
-    "group_advantages": "torch_exact:group_advantages",
-    "ppo_loss": "torch_exact:ppo_loss",
-    "masked_mean": "torch_exact:masked_mean",
-    "adamw": "torch_exact:adamw",
-    "sgd": "torch_exact:sgd",
-}
+__all__ = ["KERNELS", "CudaBackend"]
 
-
-class CudaBackend(Backend):
-    """Triton kernels on NVIDIA GPUs."""
+class CudaBackend(TritonBackend):
+    """The shared Triton kernels on NVIDIA GPUs."""
 
     name = "cuda"
     device_types = ("cuda",)
-    package = "rlkernel.backends.cuda"
-    kernels = KERNELS
+    target = CUDA
     #: sm_90: the full conformance suite ran on an H200 with 0 failures
-    #: (conformance/results/cuda-sm_90-H200/report.json: 681 passed, commit 6bbfc61, v2 contracts)
+    #: (conformance/results/cuda-sm_90-H200.json: 618 passed, commit 1d9bf76)
     verification: ClassVar[dict[str, str]] = {"sm_90": "verified"}
     priority = 10
 

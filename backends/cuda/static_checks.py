@@ -1,4 +1,5 @@
-"""Static kernel checks: compile every kernel for sm_90 on the CPU and scan the PTX (docs/design.md, "Conformance").
+"""Static kernel checks: compile every shared Triton kernel for sm_90 on the CPU and scan the PTX (docs/design.md,
+"Conformance").
 
 No GPU is needed: ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda",
 90, 32))`` produces PTX (and, with ptxas, a cubin). The PTX is scanned for instructions that
@@ -13,18 +14,25 @@ break R1/R2/R3:
   those into FFMA, so a kernel launched without ``enable_fp_fusion=False`` shows up here;
 - float atomics / reductions (``atom``/``red`` on ``.f16/.bf16/.f32/.f64``): order-dependent sums.
 
-Each op module of this backend exposes ``static_specs()`` -> ``[(op, case, kernel, signature,
-constexprs)]``; :func:`static_checks` compiles each with ``enable_fp_fusion=False`` and returns
+Each op module of ``backends/triton/`` exposes ``static_specs(target)`` -> ``[(op, case, kernel,
+signature, constexprs[, options])]``; :func:`static_checks` compiles each of the CUDA target's
+with ``enable_fp_fusion=False`` and returns
 ``(op, "sm_90/<case>", passed, detail)`` tuples, which the conformance runner records as kind
 ``static``.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
+
+from rlkernel.backends.triton.compile import Spec, compile_for, make_source, triton_version
+from rlkernel.backends.triton.compile import all_specs as _all_specs
+from rlkernel.backends.triton.targets import CUDA
+
+__all__ = ["FORBIDDEN_PTX", "all_specs", "compile_ptx", "make_source", "ptx_code_sha256", "scan_ptx",
+           "static_checks", "triton_version"]
 
 #: (name, regex) of forbidden PTX; each is matched against instruction lines only
 FORBIDDEN_PTX: tuple[tuple[str, str], ...] = (
@@ -45,53 +53,35 @@ FORBIDDEN_PTX: tuple[tuple[str, str], ...] = (
 ARCH = 90
 WARP = 32
 
-Spec = tuple[str, str, Callable[..., Any], dict[str, str], dict[str, Any]]
-
-#: modules of this package that contribute static specs (besides the op modules in KERNELS)
-_EXTRA_MODULES = ("_prims",)
-
-
-def triton_version() -> tuple[int, int]:
-    import triton
-
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:
-    """A ``triton.compiler.ASTSource`` for ``fn`` in the format of the installed Triton.
-
-    ``signature`` maps every argument name to a type string (``"*fp32"``, ``"i32"``) or
-    ``"constexpr"``; ``constexprs`` maps constexpr names to values.
-    """
-    from triton.compiler import ASTSource
-
-    names = list(fn.arg_names)
-    missing = [n for n in names if n not in signature]
-    if missing:
-        raise ValueError(f"static check of {fn.__name__}: signature lacks arguments {missing}")
-    if triton_version() >= (3, 3):
-        # Triton >= 3.3 (3.6 on the H200, 3.9 in CI): every argument is in the signature (a
-        # constexpr as "constexpr"); constexpr values are keyed by argument-index tuples.
-        sig = {n: signature[n] for n in names}
-        consts = {(names.index(k),): v for k, v in constexprs.items()}
-        return ASTSource(fn, sig, consts)
-    # Triton 3.0-3.2: the signature lists the non-constexpr arguments by index; constants by index
-    sig = {i: signature[n] for i, n in enumerate(names) if signature[n] != "constexpr"}
-    consts = {names.index(k): v for k, v in constexprs.items()}
-    return ASTSource(fn, sig, consts)
-
 
 def compile_ptx(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], *, arch: int = ARCH,
                 enable_fp_fusion: bool = False, num_warps: int = 4) -> str:
-    """Compile ``fn`` for ``sm_<arch>`` without a GPU and return its PTX."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+    """Compile ``fn`` for ``sm_<arch>`` without a GPU and return its PTX.
 
-    src = make_source(fn, signature, constexprs)
-    options = {"enable_fp_fusion": enable_fp_fusion, "num_warps": num_warps}
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, WARP), options=options)
+    Every specialisation compiles with ``num_warps=4`` (the launch's warps do not change which
+    instructions a kernel uses; the sm_90 report the ``verified`` level rests on was made so).
+    """
+    compiled = compile_for(fn, signature, constexprs, compiler="cuda", arch=arch, warp_size=WARP,
+                           options={"enable_fp_fusion": enable_fp_fusion, "num_warps": num_warps})
     return compiled.asm["ptx"]
+
+
+def ptx_code_sha256(ptx: str) -> str:
+    """SHA-256 of PTX without source locations (``.loc``, ``.file``) and DWARF sections: the same
+    code compiled from another checkout (other paths) hashes the same."""
+    import hashlib
+
+    lines, in_debug = [], False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".section") and ".debug" in s:
+            in_debug = True
+        if in_debug:
+            in_debug = s != "}"
+            continue
+        if not s.startswith((".loc", ".file")):
+            lines.append(line)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def _instruction_lines(ptx: str) -> Iterable[str]:
@@ -113,21 +103,8 @@ def scan_ptx(ptx: str) -> list[str]:
 
 
 def all_specs() -> list[Spec]:
-    """Every (op, case, kernel, signature, constexprs) this backend compiles for the checks."""
-    from . import KERNELS
-
-    modules = list(_EXTRA_MODULES)
-    for target in KERNELS.values():
-        mod = target.split(":")[0]
-        if mod not in modules:
-            modules.append(mod)
-    specs: list[Spec] = []
-    for mod in modules:
-        module = importlib.import_module(f"{__package__}.{mod}")
-        fn = getattr(module, "static_specs", None)
-        if fn is not None:
-            specs.extend(fn())
-    return specs
+    """Every (op, case, kernel, signature, constexprs, options) compiled for sm_90 (the CUDA target)."""
+    return _all_specs(CUDA)
 
 
 def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[str, str, bool, str]]:
@@ -136,7 +113,7 @@ def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[
     A kernel that fails to compile is a failed check (with the error as detail), never a pass.
     """
     results = []
-    for op, case, fn, signature, constexprs in all_specs():
+    for op, case, fn, signature, constexprs, _ in all_specs():
         if ops and op not in ops:
             continue
         name = f"sm_{arch}/{case}"

@@ -34,6 +34,7 @@ from rlkernel import dispatch
 
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE
+from .targets import TritonTarget
 
 #: grid magnitude bits of x rows (28-bit grid, 4 digits) and weight rows (21-bit grid, 3 digits)
 X_BITS, W_BITS = 27, 20
@@ -49,14 +50,8 @@ K_CHUNK = 1 << 16
 #: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
 DECODE_MAX_M = 64
 
-#: tile configurations: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-#: (two stages: four x digit planes of 128 x 128 and three weight planes of 64 x 128 take 88 KiB a
-#: stage; three stages need 264 KiB, past the H200's 227 KiB of shared memory per block)
-PREFILL_TILES = (128, 64, 128, 8, 2)
-DECODE_BLOCK_N = 32
-DECODE_BLOCK_K = 128
-#: split-K decode launches aim at this many programs per SM
-SPLIT_K_WAVES = 4
+#: tile configurations, warps, stages and split-K waves come from the backend's target
+#: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
 #: the interpreter runs the same kernels with small tiles (tests set this)
 SMALL_TILES = False
 
@@ -269,22 +264,26 @@ def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True,
     return d, e
 
 
-def _tiles(m: int, decode: bool) -> tuple[int, int, int, int, int]:
+def _tiles(m: int, decode: bool, target: TritonTarget) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows on ``target``."""
     if SMALL_TILES:
         return 16, 16, 32, 1, 1
     if decode:
         bm = max(16, triton.next_power_of_2(m))
-        return bm, DECODE_BLOCK_N, DECODE_BLOCK_K, 4, 2
-    return PREFILL_TILES
+        bn, bk, warps, stages = target.linear_decode
+        return bm, bn, bk, warps, stages
+    return target.linear_prefill
 
 
-def _k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
-    """K per program of a split-K launch: enough programs for every SM (SPLIT_K_WAVES each), whole
-    BLOCK_K steps per slice; ``k`` (no split) when the output tiles alone fill the GPU."""
+def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTarget) -> int:
+    """K per program of a split-K launch: enough programs for every SM/CU (the target's
+    ``split_k_waves`` each), whole BLOCK_K steps per slice; ``k`` (no split) when the output tiles
+    alone fill the GPU."""
     if device.type != "cuda" and not SMALL_TILES:
         return k
+    # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    splits = min(triton.cdiv(k, bk), triton.cdiv(SPLIT_K_WAVES * sms, tiles))
+    splits = min(triton.cdiv(k, bk), triton.cdiv(target.split_k_waves * sms, tiles))
     if splits <= 1:
         return k
     return triton.cdiv(triton.cdiv(k, bk), splits) * bk
@@ -307,7 +306,8 @@ def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: t
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
-          bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+          target: TritonTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None)."""
     m, k = x.shape
     n = weight.shape[0]
@@ -329,9 +329,9 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
-    bm, bn, bk, warps, stages = _tiles(m, decode)
+    bm, bn, bk, warps, stages = _tiles(m, decode, target)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    k_split = _k_split(tiles, k, bk, x.device) if decode else k
+    k_split = _k_split(tiles, k, bk, x.device, target) if decode else k
     atomic = k_split < k
     acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
     _launch_gemm(xd, ex, weight, wd, ew, bias if not atomic else None, acc, k_split, (bm, bn, bk, warps, stages),
@@ -357,7 +357,7 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
     return y
 
 
-def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: TritonTarget) -> torch.Tensor:
     """fp32 [M, N] ``linear`` outputs (no bias) of x [M, K] and weight [N, K] (bf16/fp16) on the
     weight-row exponents ``ew`` int64 [N] (``linear_exponents``): the weight's digits are made in
     registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk)."""
@@ -367,13 +367,13 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor) -> torch.Ten
     y = torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y
-    _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M),
+    _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M, target),
                  w_digits=False, finish=True, atomic=False, out_code=OUT_CODE[torch.float32])
     return y
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, target: TritonTarget) -> torch.Tensor:
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
 
     Reports the path through ``dispatch.note_kernel``: ``triton-int8`` (digit planes for both
@@ -381,7 +381,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     _check_k("linear", x.shape[1])
     bias = bias.contiguous() if bias is not None else None
-    y, _, _ = _gemm(x, weight, None, None, bias, out_dtype or x.dtype)
+    y, _, _ = _gemm(x, weight, None, None, bias, out_dtype or x.dtype, target)
     return y
 
 
@@ -392,10 +392,11 @@ def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tenso
     return ex, ew
 
 
-def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, *,
+                   target: TritonTarget) -> torch.Tensor:
     """Kernel ``linear_partial``: exact int64 [M, N] ``C`` on the grids ``ex`` [M], ``ew`` [N]."""
     _check_k("linear_partial", x.shape[1])
-    y, _, _ = _gemm(x, weight, ex.contiguous(), ew.contiguous(), None, None)
+    y, _, _ = _gemm(x, weight, ex.contiguous(), ew.contiguous(), None, None, target)
     return y
 
 
@@ -405,7 +406,7 @@ def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: t
     return _finish(acc, ex, ew, bias.contiguous() if bias is not None else None, out_dtype)
 
 
-def static_specs():
+def static_specs(target: TritonTarget):
     specs = []
     for dt in ("bf16", "fp16"):
         specs.append(("linear", f"{dt}_digits", _linear_digits_kernel,
@@ -418,14 +419,16 @@ def static_specs():
             "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
             "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
-    bm, bn, bk, _, _ = PREFILL_TILES
-    prefill, decode = (bm, bn, bk), (16, DECODE_BLOCK_N, DECODE_BLOCK_K)
+    bm, bn, bk, p_warps, p_stages = target.linear_prefill
+    d_bn, d_bk, d_warps, d_stages = target.linear_decode
+    prefill, decode = (bm, bn, bk, p_warps, p_stages), (16, d_bn, d_bk, d_warps, d_stages)
 
-    def gemm(case: str, w: str, y: str, tile: tuple[int, int, int], *, w_digits: bool, finish: bool,
+    def gemm(case: str, w: str, y: str, tile: tuple[int, int, int, int, int], *, w_digits: bool, finish: bool,
              atomic: bool = False, bias: bool = False, out: int = 0) -> None:
         specs.append(("linear", case, _linear_gemm_kernel, {**base, "w_ptr": w, "bias_ptr": y, "y_ptr": y},
                       {"W_DIGITS": w_digits, "FINISH": finish, "ATOMIC": atomic, "HAS_BIAS": bias, "OUT": out,
-                       "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK}))
+                       "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK},
+                      {"num_warps": tile[3], "num_stages": tile[4]}))
 
     gemm("prefill_gemm_bf16_out_bias", "*i8", "*bf16", prefill, w_digits=True, finish=True, bias=True, out=1)
     gemm("prefill_gemm_bf16_out", "*i8", "*bf16", prefill, w_digits=True, finish=True, out=1)

@@ -46,7 +46,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def static_specs():
+def static_specs(target):
     return [("embedding", dt, _embedding_fwd_kernel,
              {"ids_ptr": "*i64", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "hidden": "i32", "w_row_stride": "i64",
               "w_col_stride": "i64", "OUT": "constexpr", "BLOCK": "constexpr"}, {"OUT": code, "BLOCK": 4096})

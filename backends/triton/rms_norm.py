@@ -114,7 +114,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return out
 
 
-def static_specs():
+def static_specs(target):
     specs = []
     for dt, code in (("bf16", 1), ("fp16", 2), ("fp32", 0)):
         for single, block in ((True, 4096), (False, 8192)):
@@ -122,5 +122,5 @@ def static_specs():
                           {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "hidden": "i32",
                            "eps_bits": "i32", "x_row_stride": "i64", "y_row_stride": "i64",
                            "OUT": "constexpr", "BLOCK": "constexpr", "SINGLE": "constexpr"},
-                          {"OUT": code, "BLOCK": block, "SINGLE": single}))
+                          {"OUT": code, "BLOCK": block, "SINGLE": single}, {"num_warps": warps_for(block)}))
     return specs

@@ -37,6 +37,7 @@ from rlkernel import dispatch
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE, f32_bits
 from .linear import _ldexp_clamped
+from .targets import TritonTarget
 
 MAX_KEYS = 1 << 22
 #: interpreter tests shrink the tiles
@@ -204,7 +205,7 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
                  mask=q_ok[:, None] & d_ok[None, :])
 
 
-def _tiles(d: int, rows: int) -> tuple[int, int, int, int]:
+def _tiles(d: int, rows: int, target: TritonTarget) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, warps) for ``rows`` packed query rows (query tokens x heads per
     KV head) of the longest sequence. BLOCK_D and BLOCK_N are the K of the two int8 ``tl.dot``
     (Q @ K^T and R @ V): at least 32, the K of the int8 MMA instructions (BLOCK_D = 16 for head
@@ -212,13 +213,13 @@ def _tiles(d: int, rows: int) -> tuple[int, int, int, int]:
     smallest M of the MMA."""
     bd = max(32, triton.next_power_of_2(d))
     if SMALL_TILES or rows <= 16:
-        return 16, 32, bd, 1 if SMALL_TILES else 4
-    return 32, 32, bd, 4
+        return 16, 32, bd, 1 if SMALL_TILES else target.attention_warps
+    return 32, 32, bd, target.attention_warps
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor | None,
             lens_k: torch.Tensor | None, table: torch.Tensor | None, block_size: int, hkv: int,
-            scale: float | None, causal: bool, paged: bool) -> torch.Tensor:
+            scale: float | None, causal: bool, paged: bool, target: TritonTarget) -> torch.Tensor:
     tq, hq, d = q.shape
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
     if torch.cuda.is_current_stream_capturing():
@@ -237,7 +238,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
 
         scale = default_scale(d)
     group = hq // hkv
-    bm, bn, bd, warps = _tiles(d, max_lq * group)
+    bm, bn, bd, warps = _tiles(d, max_lq * group, target)
     dummy = cu_q
     grid = (triton.cdiv(max_lq * group, bm), n_seq, hkv)
     _attention_fwd_kernel[grid](
@@ -246,22 +247,23 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
         PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-        num_warps=warps, num_stages=1, **LAUNCH)
+        num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
     return out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-              cu_seqlens_k: torch.Tensor, scale: float | None = None, causal: bool = True) -> torch.Tensor:
+              cu_seqlens_k: torch.Tensor, scale: float | None = None, causal: bool = True, *,
+              target: TritonTarget) -> torch.Tensor:
     """Kernel ``attention``: q [Tq, Hq, D], k/v [Tk, Hkv, D] (bf16/fp16, last axis contiguous), packed."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     dispatch.note_kernel("triton-varlen")
     return _launch(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, 1, k.shape[1],
-                   scale, causal, paged=False)
+                   scale, causal, paged=False, target=target)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens_k: torch.Tensor, cu_seqlens_q: torch.Tensor, scale: float | None = None,
-                    causal: bool = True) -> torch.Tensor:
+                    causal: bool = True, *, target: TritonTarget) -> torch.Tensor:
     """Kernel ``attention_paged``: k/v cache [num_blocks, block_size, Hkv, D] read through ``block_table``."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     nb, bs, hkv, d = k_cache.shape
@@ -269,10 +271,14 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     vc = v_cache.contiguous().view(nb * bs, hkv, d)
     dispatch.note_kernel("triton-paged")
     return _launch(q, kc, vc, cu_seqlens_q.contiguous(), None, seq_lens_k.contiguous(), block_table.contiguous(),
-                   bs, hkv, scale, causal, paged=True)
+                   bs, hkv, scale, causal, paged=True, target=target)
 
 
-def static_specs():
+def static_specs(target: TritonTarget):
+    options = {"num_warps": target.attention_warps, "num_stages": target.attention_stages}
+    # prefill blocks: the launch's 32 rows; the CUDA checks keep the 64 rows of the sm_90 report
+    # (the same instructions on twice the rows)
+    block_m = 64 if target.name == "cuda" else _tiles(128, 64, target)[0]
     specs = []
     for dt in ("bf16", "fp16"):
         for paged in (False, True):
@@ -284,12 +290,12 @@ def static_specs():
                            "group": "i32", "scale_bits": "i32", "PAGED": "constexpr", "CAUSAL": "constexpr",
                            "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                            "BLOCK_D": "constexpr"},
-                          {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": 64,
-                           "BLOCK_N": 32, "BLOCK_D": 128}))
+                          {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": block_m,
+                           "BLOCK_N": 32, "BLOCK_D": 128}, options))
     # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
-    name, _, fn, sig, consts = specs[0]
-    specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64)[2])))
+    name, _, fn, sig, consts, _ = specs[0]
+    specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64, target)[2]), options))
     # decode: 16 packed rows (one token x the query heads of a KV head), paged
-    name, _, fn, sig, consts = specs[1]
-    specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16)))
+    name, _, fn, sig, consts, _ = specs[1]
+    specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16), options))
     return specs

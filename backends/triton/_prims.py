@@ -89,7 +89,7 @@ def prim_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 
 #: static-check specs: (op, case, kernel, signature, constexprs)
-def static_specs() -> list[tuple[str, str, object, dict[str, str], dict[str, object]]]:
+def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[str, object]]]:
     specs = []
     for name, code in F32_PRIMS.items():
         out = {2: "*i32", 3: "*bf16", 4: "*fp16"}.get(code, "*fp32")

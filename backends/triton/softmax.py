@@ -112,7 +112,7 @@ def log_softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
     return _launch(x, dtype, log=True)
 
 
-def static_specs():
+def static_specs(target):
     specs = []
     for log in (False, True):
         for dt, code in (("bf16", 1), ("fp16", 2), ("fp32", 0)):
@@ -122,5 +122,6 @@ def static_specs():
                               {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "n": "i32", "x_row_stride": "i64",
                                "y_row_stride": "i64", "LOG": "constexpr", "OUT": "constexpr", "BLOCK": "constexpr",
                                "SINGLE": "constexpr"},
-                              {"LOG": log, "OUT": code, "BLOCK": MAX_BLOCK, "SINGLE": single}))
+                              {"LOG": log, "OUT": code, "BLOCK": MAX_BLOCK, "SINGLE": single},
+                              {"num_warps": warps_for(MAX_BLOCK)}))
     return specs

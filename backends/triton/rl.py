@@ -36,7 +36,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def static_specs():
+def static_specs(target):
     return [("kl_k3", "fp32", _kl_k3_fwd_kernel,
              {"lp_ptr": "*fp32", "ref_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
              {"BLOCK": BLOCK})]

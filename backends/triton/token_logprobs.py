@@ -29,6 +29,7 @@ from rlkernel import dispatch
 from . import _tl_exact as E
 from . import linear as L
 from ._common import LAUNCH, f32_bits
+from .targets import TritonTarget
 
 MAX_VOCAB = 1 << 22
 #: bytes of fp32 logits one token chunk may hold ([chunk, V])
@@ -131,10 +132,11 @@ def _key_to_f32(key: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
 class _Plan:
     """The weight rows' exponents, the token chunking, and the passes over each chunk's logits."""
 
-    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float):
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float, target: TritonTarget):
         self.t, self.k = hidden.shape
         self.v = weight.shape[0]
         self.hidden, self.weight = hidden, weight
+        self.target = target
         _, self.ew = L._digits(weight, write=False)
         self.tau_bits = f32_bits(temperature)
         self.chunk = _token_chunk(self.t, self.v)
@@ -157,7 +159,7 @@ class _Plan:
         block = 32 if L.SMALL_TILES else 1024
         for t0 in range(0, self.t, self.chunk):
             rows = min(self.chunk, self.t - t0)
-            y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew)  # [rows, V] fp32, bounded
+            y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew, target=self.target)  # [rows, V] fp32
             _tlp_rows_kernel[(rows,)](
                 y, y.stride(0), tgt, m if m is not None else y, key if key is not None else any_out,
                 nan if nan is not None else any_out, s if s is not None else any_out,
@@ -187,7 +189,7 @@ def _finish(mode: int, zt: torch.Tensor, m: torch.Tensor | None, s: torch.Tensor
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, *, target: TritonTarget) -> torch.Tensor:
     """Kernel ``token_logprobs``: hidden [T, H], weight [V, H] (bf16/fp16), targets int64 [T] -> fp32 [T]."""
     t, v = hidden.shape[0], weight.shape[0]
     if v > MAX_VOCAB:
@@ -196,13 +198,13 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     if t == 0:
         return torch.empty(0, dtype=torch.float32, device=hidden.device)
     dispatch.note_kernel("triton-fused-int8")
-    m, s, zt = _Plan(hidden, weight, temperature).launch(3, targets=targets.contiguous())
+    m, s, zt = _Plan(hidden, weight, temperature, target).launch(3, targets=targets.contiguous())
     return _finish(0, zt, m, s, None)
 
 
 def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
-                           vocab_start: int, temperature: float = 1.0,
-                           row_max: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                           vocab_start: int, temperature: float = 1.0, row_max: torch.Tensor | None = None, *,
+                           target: TritonTarget) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Kernel ``token_logprobs_partial``: phase 1 (row_max None) the shard's R5 row max fp32 [T];
     phase 2 ``(sum_int int64 [T], target_d fp32 [T])`` for the global row max."""
     t, vs = hidden.shape[0], weight_shard.shape[0]
@@ -212,7 +214,7 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
             return torch.zeros(t, dtype=torch.float32, device=dev)
         return torch.zeros(t, dtype=torch.int64, device=dev), torch.zeros(t, dtype=torch.float32, device=dev)
     dispatch.note_kernel("triton-fused-int8")
-    plan = _Plan(hidden, weight_shard, temperature)
+    plan = _Plan(hidden, weight_shard, temperature, target)
     if row_max is None:
         return plan.launch(1)[0]
     m = row_max.to(torch.float32).contiguous()
@@ -232,7 +234,7 @@ def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torc
     return _finish(2, target_d.to(torch.float32), None, sum_int, None)
 
 
-def static_specs():
+def static_specs(target: TritonTarget):
     specs = []
     for phase in (1, 2, 3):
         specs.append(("token_logprobs", f"rows_phase{phase}", _tlp_rows_kernel,

@@ -53,7 +53,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     return out
 
 
-def static_specs():
+def static_specs(target):
     return [("rope", dt, _rope_fwd_kernel,
              {"x_ptr": f"*{dt}", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "y_ptr": f"*{dt}",
               "heads": "i32", "half": "i32", "table_stride": "i64", "OUT": "constexpr", "BLOCK_H": "constexpr",

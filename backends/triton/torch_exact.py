@@ -1,6 +1,6 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
-``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw`` and ``sgd`` run on the CUDA device as the
+``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw`` and ``sgd`` run on the GPU as the
 device-generic implementations (integer ranking and Philox for ``sample``, the P10 exact
 superaccumulator for the RL reductions, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the

@@ -65,7 +65,7 @@ def all_reduce(partials: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     return out
 
 
-def static_specs():
+def static_specs(target):
     return [("all_reduce", name, _all_reduce_kernel,
              {"p_ptr": "*i64", "out_ptr": "*i64", "over_ptr": "*i8", "world": "i32", "L": "i64",
               "MAX": "constexpr", "BLOCK": "constexpr"}, {"MAX": mx, "BLOCK": BLOCK})

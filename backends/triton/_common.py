@@ -1,4 +1,4 @@
-"""Host-side helpers shared by the CUDA op modules: dtype codes, launch options, bit constants."""
+"""Host-side helpers shared by the Triton op modules (CUDA and ROCm): dtype codes, launch options, bit constants."""
 
 from __future__ import annotations
 

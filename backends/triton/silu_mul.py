@@ -51,7 +51,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def static_specs():
+def static_specs(target):
     return [("silu_mul", dt, _silu_mul_fwd_kernel,
              {"g_ptr": f"*{dt}", "u_ptr": f"*{dt}", "y_ptr": f"*{dt}", "n": "i64", "OUT": "constexpr",
               "BLOCK": "constexpr"}, {"OUT": code, "BLOCK": BLOCK})

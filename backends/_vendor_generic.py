@@ -1,0 +1,63 @@
+"""A device-generic backend for a vendor's torch plugin (Ascend ``torch_npu``, Moore Threads ``torch_musa``).
+
+These vendors' GPUs/NPUs run the device-generic exact kernels (``backends/generic/``): integer and
+IEEE-elementwise torch operations only, whose results are the contract's bits on any device that
+implements them exactly (the primitive set: docs/generic-primitives.md). What a vendor backend
+adds is only the facts: which plugin module makes the device type exist, how to see a device
+without initialising it, what to call its architecture.
+
+The probe imports the plugin (that is what registers ``torch.npu`` / ``torch.musa`` and the
+device type) and asks the plugin's device module whether a device is present; it never
+allocates on the device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, ClassVar
+
+import torch
+
+from rlkernel.backends.generic import GenericBackend
+
+
+class VendorGenericBackend(GenericBackend):
+    """The generic kernels on the device type of a vendor's torch plugin (default for that type)."""
+
+    #: the plugin module (``torch_npu``) and the torch attribute it installs (``torch.npu``)
+    plugin: ClassVar[str] = ""
+    #: install hint for the probe's message
+    install: ClassVar[str] = ""
+    priority = 100
+    #: no conformance report from this vendor's hardware exists: unverified everywhere
+    verification: ClassVar[dict[str, str]] = {"*": "unverified"}
+
+    def import_plugin(self) -> None:
+        """Import the vendor plugin (it registers the device type and ``torch.<device type>``)."""
+        importlib.import_module(self.plugin)
+
+    def device_module(self) -> Any:
+        """``torch.<device type>`` as the plugin installs it (None when absent)."""
+        return getattr(torch, self.device_types[0], None)
+
+    def probe(self) -> tuple[bool, str]:
+        if importlib.util.find_spec(self.plugin) is None:
+            return False, f"{self.plugin} is not installed ({self.install})"
+        try:
+            self.import_plugin()
+        except Exception as exc:  # a plugin that fails to import is reported, never ignored
+            return False, f"{self.plugin} failed to import: {type(exc).__name__}: {exc}"
+        module = self.device_module()
+        if module is None or not hasattr(module, "is_available"):
+            return False, f"{self.plugin} imported but torch.{self.device_types[0]} is missing"
+        if not module.is_available():
+            return False, f"{self.plugin} is installed but no {self.device_types[0]} device is present"
+        count = module.device_count() if hasattr(module, "device_count") else "?"
+        return True, f"{self.plugin} with {count} {self.device_types[0]} device(s); device-generic exact kernels"
+
+    def architecture(self, device: torch.device) -> str:
+        module = self.device_module()
+        if module is not None and hasattr(module, "get_device_name"):
+            return str(module.get_device_name(device)).replace(" ", "_")
+        return device.type

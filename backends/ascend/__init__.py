@@ -1,0 +1,27 @@
+"""The ``ascend`` backend: the device-generic exact kernels on Huawei Ascend NPUs (``torch_npu``, device ``npu``).
+
+Selected by device: when ``torch_npu`` is installed and an NPU is present, ``npu`` tensors run
+here by default. Level ``unverified``: no Ascend hardware was available to this project, so no
+conformance report exists. The kernels are the generic ones, verified on the CPU (the ``cpu``
+backend) and on an H200 (the ``generic`` backend forced onto CUDA); whether torch_npu implements
+each primitive exactly (docs/generic-primitives.md; int64 arithmetic on the AI Core is the known
+risk) is what ``rlkernel conformance --backend ascend`` checks first (the primitive probes).
+"""
+
+from __future__ import annotations
+
+from rlkernel.backends._vendor_generic import VendorGenericBackend
+
+__all__ = ["AscendBackend"]
+
+
+class AscendBackend(VendorGenericBackend):
+    """The generic kernels on ``npu`` tensors (torch_npu)."""
+
+    name = "ascend"
+    device_types = ("npu",)
+    plugin = "torch_npu"
+    install = "install CANN first, then pip install 'rlkernel[ascend]'"
+
+    def import_plugin(self) -> None:
+        import torch_npu  # noqa: F401  (registers the device type and torch.npu)

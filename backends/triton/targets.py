@@ -1,0 +1,67 @@
+"""Per-target configuration of the shared Triton kernels: everything that differs between vendors.
+
+The kernels (``@triton.jit`` functions in this package) are one source for every GPU; what a
+target changes is only *how they are launched*: tile sizes, warps and pipeline stages, and the
+compiler target the static checks build for. None of it can change a bit: every sum is an
+integer sum, so tiles, K splits and the number of programs are free (docs/numerics.md R2).
+
+- ``CUDA``: NVIDIA, warps of 32, int8 ``mma.sync``/``wgmma``; 227 KiB of shared memory per block
+  on the H200. The values are those the H200 conformance report was made with.
+- ``ROCM``: AMD Instinct, wavefronts of 64, int8 MFMA (``v_mfma_i32_32x32x16_i8`` on gfx942,
+  ``v_mfma_i32_32x32x8i8`` on gfx90a, ``v_mfma_i32_32x32x32_i8`` on gfx950); 64 KiB of LDS per
+  workgroup on gfx90a/gfx942 (160 KiB on gfx950), so the prefill GEMM tile is smaller than on the
+  H200 (four x digit planes of 128 x 128 and three weight planes of 64 x 128 need 88 KiB).
+
+A backend binds its target to the launchers that take one (``TritonBackend.kernel``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TritonTarget:
+    """How the shared kernels are launched and compiled on one vendor's GPUs."""
+
+    #: rlkernel backend name (``cuda``, ``rocm``)
+    name: str
+    #: Triton compiler backend of ``GPUTarget`` (``"cuda"``, ``"hip"``)
+    compiler: str
+    #: threads per warp / wavefront
+    warp_size: int
+    #: architectures the static checks compile for (``90``; ``"gfx942"``)
+    static_archs: tuple[int | str, ...]
+    #: linear prefill GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+    linear_prefill: tuple[int, int, int, int, int]
+    #: linear decode GEMM (M <= 64): (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M = next pow2 of M (>= 16)
+    linear_decode: tuple[int, int, int, int]
+    #: split-K decode launches aim at this many programs per SM / CU
+    split_k_waves: int
+    #: attention: warps of a 16-row (decode) block and of a 32-row block; pipeline stages
+    attention_warps: int
+    attention_stages: int
+
+
+CUDA = TritonTarget(
+    name="cuda", compiler="cuda", warp_size=32, static_archs=(90,),
+    # two stages: four x digit planes of 128 x 128 and three weight planes of 64 x 128 take 88 KiB a
+    # stage; three stages need 264 KiB, past the H200's 227 KiB of shared memory per block
+    linear_prefill=(128, 64, 128, 8, 2),
+    linear_decode=(32, 128, 4, 2),
+    split_k_waves=4,
+    attention_warps=4, attention_stages=1,
+)
+
+ROCM = TritonTarget(
+    name="rocm", compiler="hip", warp_size=64, static_archs=("gfx942", "gfx90a", "gfx950"),
+    # 64 KiB of LDS per workgroup (gfx90a/gfx942): a 128 x 64 tile with K steps of 64 holds
+    # 4 * 128 * 64 + 3 * 64 * 64 = 44 KiB of digit planes (the compile reports the LDS each
+    # specialisation takes; the AMD static checks require it to fit)
+    linear_prefill=(128, 64, 64, 8, 2),
+    linear_decode=(32, 128, 4, 2),
+    split_k_waves=4,
+    attention_warps=4, attention_stages=1,
+)
+
+TARGETS = {t.name: t for t in (CUDA, ROCM)}
