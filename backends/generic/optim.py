@@ -12,14 +12,38 @@ import torch
 
 from rlkernel.backends.generic._exact.fp32 import canonical_nan, sqrt_rn
 
+#: Elements per chunk of an AdamW step: the exact integer square root takes ~150 bytes of
+#: temporaries per element (a 155M-element LM head would need 24 GB at once); elementwise, so
+#: chunking changes no bit.
+CHUNK = 1 << 20
+
 
 def adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
           b1: float, c1: float, b2: float, c2: float, eps: float, decay: float, step_size: float,
           bc2_sqrt: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One AdamW step: ``(param', exp_avg', exp_avg_sq')``, float32, param's shape.
+    """One AdamW step: ``(param', exp_avg', exp_avg_sq')``, float32, param's shape (contiguous inputs).
 
     The scalars are contract ``adamw``'s fp32 host scalars (computed once by ``rlkernel.ops.adamw``).
+    Tensors above :data:`CHUNK` elements are processed in chunks (bounded temporaries).
     """
+    scalars = {"b1": b1, "c1": c1, "b2": b2, "c2": c2, "eps": eps, "decay": decay, "step_size": step_size,
+               "bc2_sqrt": bc2_sqrt}
+    n = param.numel()
+    if n <= CHUNK:
+        return _adamw(param, grad, exp_avg, exp_avg_sq, **scalars)
+    outs = tuple(torch.empty(param.shape, dtype=torch.float32, device=param.device) for _ in range(3))
+    flat_in = [t.reshape(-1) for t in (param, grad, exp_avg, exp_avg_sq)]
+    flat_out = [t.view(-1) for t in outs]
+    for start in range(0, n, CHUNK):
+        part = _adamw(*(t[start:start + CHUNK] for t in flat_in), **scalars)
+        for dst, src in zip(flat_out, part):
+            dst[start:start + CHUNK] = src
+    return outs  # type: ignore[return-value]
+
+
+def _adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+           b1: float, c1: float, b2: float, c2: float, eps: float, decay: float, step_size: float,
+           bc2_sqrt: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = grad.to(torch.float32)
     m = torch.add(torch.mul(exp_avg, b1), torch.mul(g, c1))
     v = torch.add(torch.mul(exp_avg_sq, b2), torch.mul(torch.mul(g, c2), g))
