@@ -25,7 +25,7 @@ class CudaBackend(TritonBackend):
     device_types = ("cuda",)
     target = CUDA
     #: sm_90: the full conformance suite ran on an H200 with 0 failures
-    #: (conformance/results/cuda-sm_90-H200.json: 618 passed, commit 1d9bf76)
+    #: (conformance/results/cuda-sm_90-H200/report.json: 727 passed, commit 5b07cf8)
     verification: ClassVar[dict[str, str]] = {"sm_90": "verified"}
     priority = 10
 
