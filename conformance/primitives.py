@@ -68,8 +68,12 @@ def trace(ops: list[str] | None = None) -> dict[str, set[str]]:
     from rlkernel.conformance.cases import bit_cases, op_of
     from rlkernel.contracts import load_contracts
     from rlkernel.dispatch import use_backend
+    from rlkernel.ops.rope import clear_table_cache
     from rlkernel.public import public_op
 
+    # the RoPE tables are cached and grown (torch.cat) across calls: start cold, so the trace does
+    # not depend on what ran before in this process
+    clear_table_cache()
     modules, _ = load_contracts()
     recorder = _Recorder()
     saved = generic_linear._path

@@ -222,7 +222,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             scale: float | None, causal: bool, paged: bool, target: TritonTarget) -> torch.Tensor:
     tq, hq, d = q.shape
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
-    if torch.cuda.is_current_stream_capturing():
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # (the device test first: a CPU-only torch, as under the Triton interpreter, raises here)
         # a CUDA-graph capture cannot read cu_q on the host; the caller promises non-empty
         # segments (rlkernel.ops.attention_paged's docstring), so the longest is <= Tq - B + 1
         n_seq = cu_q.shape[0] - 1
