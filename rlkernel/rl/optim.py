@@ -98,7 +98,48 @@ def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm:
     return norm
 
 
-class AdamW(torch.optim.Optimizer):
+class _MasterWeights(torch.optim.Optimizer):
+    """The loop both optimizers share: skip parameters without a gradient, refuse sparse ones,
+    count steps, keep an fp32 master copy of a bf16/fp16 parameter and write it back rounded."""
+
+    def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        """The optimizer's own state of a parameter's first step."""
+
+    def _update(self, master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                group: dict[str, Any]) -> torch.Tensor:
+        """The new fp32 master weights (updating ``state``)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError(f"{type(self).__name__}: sparse gradients are not supported; use dense gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    self._init_state(p, state)
+                    if p.dtype != torch.float32:
+                        state["master"] = p.detach().to(torch.float32).contiguous()
+                state["step"] += 1
+                new_p = self._update(state.get("master", p).detach(), p.grad, state, group)
+                if "master" in state:
+                    state["master"] = new_p
+                    p.copy_(new_p.to(p.dtype))
+                else:
+                    p.copy_(new_p)
+        return loss
+
+
+class AdamW(_MasterWeights):
     """torch.optim.AdamW's algorithm through contract ``adamw``: identical new weights on every backend.
 
     Parameters
@@ -123,41 +164,20 @@ class AdamW(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("AdamW: sparse gradients are not supported; use dense gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
-                    if p.dtype != torch.float32:
-                        state["master"] = p.detach().to(torch.float32).contiguous()
-                state["step"] += 1
-                master = state.get("master", p)
-                new_p, state["exp_avg"], state["exp_avg_sq"] = adamw(
-                    master.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
-                if "master" in state:
-                    state["master"] = new_p
-                    p.copy_(new_p.to(p.dtype))
-                else:
-                    p.copy_(new_p)
-        return loss
+    def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
+
+    def _update(self, master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                group: dict[str, Any]) -> torch.Tensor:
+        beta1, beta2 = group["betas"]
+        new_p, state["exp_avg"], state["exp_avg_sq"] = adamw(
+            master, grad, state["exp_avg"], state["exp_avg_sq"], step=state["step"], lr=group["lr"],
+            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+        return new_p
 
 
-class SGD(torch.optim.Optimizer):
+class SGD(_MasterWeights):
     """torch.optim.SGD's algorithm through contract ``sgd``: identical new weights on every backend.
 
     Parameters
@@ -179,36 +199,12 @@ class SGD(torch.optim.Optimizer):
                     "nesterov": nesterov}
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("SGD: sparse gradients are not supported; use dense gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    if p.dtype != torch.float32:
-                        state["master"] = p.detach().to(torch.float32).contiguous()
-                state["step"] += 1
-                master = state.get("master", p)
-                buf = state.get("momentum_buffer")
-                new_p, new_buf = sgd(master.detach(), p.grad, buf if buf is not None else torch.zeros_like(master),
-                                     step=state["step"], lr=group["lr"], momentum=group["momentum"],
-                                     dampening=group["dampening"], weight_decay=group["weight_decay"],
-                                     nesterov=group["nesterov"])
-                if group["momentum"] != 0:
-                    state["momentum_buffer"] = new_buf
-                if "master" in state:
-                    state["master"] = new_p
-                    p.copy_(new_p.to(p.dtype))
-                else:
-                    p.copy_(new_p)
-        return loss
+    def _update(self, master: torch.Tensor, grad: torch.Tensor, state: dict[str, Any],
+                group: dict[str, Any]) -> torch.Tensor:
+        buf = state.get("momentum_buffer")
+        new_p, new_buf = sgd(master, grad, buf if buf is not None else torch.zeros_like(master), step=state["step"],
+                             lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                             weight_decay=group["weight_decay"], nesterov=group["nesterov"])
+        if group["momentum"] != 0:
+            state["momentum_buffer"] = new_buf
+        return new_p
