@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch
 from rlkernel.ops import _optim_scalars
+from rlkernel.ops._optim_checks import hyper, state_tensors
 
 __all__ = ["adamw"]
-
-_STATE = ("param", "exp_avg", "exp_avg_sq")
-
-
-def _hyper(name: str, value: object, low: float, high: float | None, low_open: bool, fix: str,
-           op: str = "adamw") -> float:
-    """A finite float in [low, high) (or (low, high) with ``low_open``), else an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{op}: {name} = {value!r}; expected a finite number ({fix})")
-    value = float(value)
-    if value < low or (low_open and value == low) or (high is not None and value >= high):
-        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
-        raise ValueError(f"{op}: {name} = {value!r}; expected {bound} ({fix})")
-    return value
 
 
 def adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -80,22 +65,16 @@ def adamw(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_av
     Contract ``adamw`` v1.
     """
     op = "adamw"
-    tensors = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-    for name, t in tensors.items():
-        v.tensor(op, name, t)
-        v.dtype(op, name, t, v.FLOATS if name == "grad" else (torch.float32,))
-        if t.shape != param.shape:
-            raise ValueError(f"adamw: {name} has shape {tuple(t.shape)}; expected param's shape {tuple(param.shape)}")
-    device = v.same_device(op, list(tensors.items()))
+    device = state_tensors(op, {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq})
     if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step < 2**31:
         raise ValueError(f"adamw: step = {step!r}; expected an int in [1, 2**31) (1 for the first update)")
     scalars = _optim_scalars.host_scalars(
         step,
-        _hyper("lr", lr, 0.0, None, False, "the learning rate"),
-        _hyper("beta1", beta1, 0.0, 1.0, False, "torch's betas[0]"),
-        _hyper("beta2", beta2, 0.0, 1.0, False, "torch's betas[1]"),
-        _hyper("eps", eps, 0.0, None, True, "e.g. 1e-8"),
-        _hyper("weight_decay", weight_decay, 0.0, None, False, "0 turns decay off"))
+        hyper("lr", lr, 0.0, None, False, "the learning rate"),
+        hyper("beta1", beta1, 0.0, 1.0, False, "torch's betas[0]"),
+        hyper("beta2", beta2, 0.0, 1.0, False, "torch's betas[1]"),
+        hyper("eps", eps, 0.0, None, True, "e.g. 1e-8"),
+        hyper("weight_decay", weight_decay, 0.0, None, False, "0 turns decay off"))
     b1, c1, b2, c2, eps32, decay, step_size, bc2_sqrt = scalars
     return dispatch.call(op, device, param=v.contiguous(param), grad=v.contiguous(grad),
                          exp_avg=v.contiguous(exp_avg), exp_avg_sq=v.contiguous(exp_avg_sq), b1=b1, c1=c1, b2=b2,

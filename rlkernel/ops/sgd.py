@@ -7,7 +7,7 @@ import torch
 from rlkernel import _validate as v
 from rlkernel import dispatch
 from rlkernel.ops import _optim_scalars
-from rlkernel.ops.adamw import _hyper
+from rlkernel.ops._optim_checks import hyper, state_tensors
 
 __all__ = ["sgd"]
 
@@ -49,19 +49,13 @@ def sgd(param: torch.Tensor, grad: torch.Tensor, momentum_buffer: torch.Tensor, 
     ``p' = RN(p - RN(lr32 * d))``. NaN outputs canonical. Contract ``sgd`` v1.
     """
     op = "sgd"
-    tensors = {"param": param, "grad": grad, "momentum_buffer": momentum_buffer}
-    for name, t in tensors.items():
-        v.tensor(op, name, t)
-        v.dtype(op, name, t, v.FLOATS if name == "grad" else (torch.float32,))
-        if t.shape != param.shape:
-            raise ValueError(f"sgd: {name} has shape {tuple(t.shape)}; expected param's shape {tuple(param.shape)}")
-    device = v.same_device(op, list(tensors.items()))
+    device = state_tensors(op, {"param": param, "grad": grad, "momentum_buffer": momentum_buffer})
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"sgd: step = {step!r}; expected an int >= 1 (1 for the first update)")
-    lr = _hyper("lr", lr, 0.0, None, False, "the learning rate", op)
-    momentum = _hyper("momentum", momentum, 0.0, None, False, "0 turns momentum off", op)
-    dampening = _hyper("dampening", dampening, 0.0, None, False, "usually 0", op)
-    weight_decay = _hyper("weight_decay", weight_decay, 0.0, None, False, "0 turns decay off", op)
+    lr = hyper("lr", lr, 0.0, None, False, "the learning rate", op)
+    momentum = hyper("momentum", momentum, 0.0, None, False, "0 turns momentum off", op)
+    dampening = hyper("dampening", dampening, 0.0, None, False, "usually 0", op)
+    weight_decay = hyper("weight_decay", weight_decay, 0.0, None, False, "0 turns decay off", op)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError(f"sgd: nesterov needs momentum > 0 and dampening = 0; got momentum = {momentum}, "
                          f"dampening = {dampening}")
