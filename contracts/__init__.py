@@ -31,6 +31,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "masked_mean",
     "adamw",
     "sgd",
+    "exact_sum",
 )
 
 

@@ -41,6 +41,9 @@ KERNELS = {
     "masked_mean": "rl:masked_mean",
     "adamw": "optim:adamw",
     "sgd": "optim:sgd",
+    "exact_sum_partial": "exact_sum:exact_sum_partial",
+    "exact_sum_merge": "exact_sum:exact_sum_merge",
+    "exact_sum_finish": "exact_sum:exact_sum_finish",
 }
 
 

@@ -46,6 +46,9 @@ KERNELS: dict[str, str] = {
     "masked_mean": "torch_exact:masked_mean",
     "adamw": "torch_exact:adamw",
     "sgd": "torch_exact:sgd",
+    "exact_sum_partial": "torch_exact:exact_sum_partial",
+    "exact_sum_merge": "torch_exact:exact_sum_merge",
+    "exact_sum_finish": "torch_exact:exact_sum_finish",
 }
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _validate as v
-from rlkernel import dispatch
+from rlkernel import dispatch, grads
+from rlkernel.ops.exact_sum import exact_sum_merge, exact_sum_partial
 
 __all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
 
@@ -107,20 +108,30 @@ def _check_exponents(op: str, name: str, e: object, shape: tuple[int, ...], what
 
 
 class LinearFunction(torch.autograd.Function):
-    """Autograd for :func:`linear`; the backward runs the same exact digit matmul (documented there)."""
+    """Autograd for :func:`linear`: every gradient an exact digit matmul or an exact sum.
+
+    - ``dX = linear(RN(dY), weight.T)``: per token (a reduction over the N output features), so
+      batch invariant like the forward.
+    - ``dW``: for each sequence unit ``u`` (:func:`rlkernel.grads.current_units`, captured at
+      forward time) ``P_u = linear(RN(dY_u).T, x_u.T)`` in fp32, one rounding per unit; the
+      ``P_u`` are summed exactly (:func:`rlkernel.grads.weight_grad`). No sequence spans two
+      units, so packing and micro-batching of whole sequences cannot change dW.
+    - ``dbias``: the exact sum of the fp32 values of dY over the tokens.
+    ``RN(dY)`` is dY rounded to the input dtype (nearest even), as bf16 autograd holds it.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, out_dtype):  # type: ignore[no-untyped-def,override]
         x2 = _rows(x)
-        ctx.save_for_backward(x2, weight)
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(x2, weight, bias)
         ctx.x_shape = x.shape
+        ctx.units = grads.current_units(x2.shape[0])
         y = dispatch.call("linear", x2.device, x=x2, weight=weight, bias=bias, out_dtype=out_dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
-        x2, weight = ctx.saved_tensors
+        x2, weight, bias = ctx.saved_tensors
         grad = _rows(grad)
         m, n = grad.shape
         gy = grad.to(x2.dtype)  # dY rounded to the input dtype (RNE): the digit matmul takes bf16/fp16
@@ -129,15 +140,32 @@ class LinearFunction(torch.autograd.Function):
             _backward_bound("dX = dY @ weight", "N (output features)", n)
             gx = dispatch.call("linear", gy.device, x=gy, weight=weight.T, bias=None, out_dtype=x2.dtype)
             gx = gx.reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            _backward_bound("dW = dY.T @ x", "M (rows)", m)
         if ctx.needs_input_grad[1]:
-            gw = dispatch.call("linear", gy.device, x=gy.T, weight=x2.T, bias=None, out_dtype=weight.dtype)
+            gw = _weight_grad(weight, gy, x2, ctx.units)
         if ctx.needs_input_grad[2]:
-            ones = torch.ones((1, m), dtype=x2.dtype, device=gy.device)
-            gb = dispatch.call("linear", gy.device, x=gy.T, weight=ones, bias=None, out_dtype=ctx.bias_dtype)
-            gb = gb.reshape(n)
+            gb = grads.weight_grad(bias, grad.to(torch.float32))
         return gx, gw, gb, None
+
+
+#: Elements of per-unit dW terms held at once before they are folded into an exact state.
+_TERMS_BUDGET = 1 << 24
+
+
+def _weight_grad(weight: torch.Tensor, gy: torch.Tensor, x2: torch.Tensor, units: list[int]) -> torch.Tensor | None:
+    """dW: one exact digit matmul per unit (rounded once to fp32), the units summed exactly."""
+    spans = [(a, b) for a, b in zip(units, units[1:]) if b > a]
+    for a, b in spans:
+        _backward_bound("dW = dY.T @ x of one sequence", "its tokens", b - a)
+    per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
+    state = None
+    for g0 in range(0, len(spans), per_group):
+        terms = torch.stack([dispatch.call("linear", gy.device, x=gy[a:b].T, weight=x2[a:b].T, bias=None,
+                                           out_dtype=torch.float32) for a, b in spans[g0:g0 + per_group]])
+        part = exact_sum_partial(terms)
+        state = part if state is None else exact_sum_merge(torch.stack([state, part]))
+    if state is None:
+        state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
+    return grads.deposit(weight, state)
 
 
 def _backward_bound(what: str, axis: str, size: int) -> None:

@@ -25,9 +25,16 @@ __all__ = ["SGD", "AdamW", "clip_grad_norm_", "grad_norm"]
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
+def gradient_of(p: torch.Tensor) -> torch.Tensor | None:
+    """``p.main_grad`` (fp32, from :class:`rlkernel.grads.ExactGradients`) when set, else ``p.grad``."""
+    main = getattr(p, "main_grad", None)
+    return main if main is not None else p.grad
+
+
 def _grads(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tensor]:
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    return [p.grad for p in params if p.grad is not None]
+    grads = [gradient_of(p) for p in params]
+    return [g for g in grads if g is not None]
 
 
 def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = None) -> float:
@@ -119,9 +126,10 @@ class _MasterWeights(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
+                grad = gradient_of(p)
+                if grad is None:
                     continue
-                if p.grad.is_sparse:
+                if grad.is_sparse:
                     raise ValueError(f"{type(self).__name__}: sparse gradients are not supported; use dense gradients")
                 state = self.state[p]
                 if not state:
@@ -130,7 +138,7 @@ class _MasterWeights(torch.optim.Optimizer):
                     if p.dtype != torch.float32:
                         state["master"] = p.detach().to(torch.float32).contiguous()
                 state["step"] += 1
-                new_p = self._update(state.get("master", p).detach(), p.grad, state, group)
+                new_p = self._update(state.get("master", p).detach(), grad, state, group)
                 if "master" in state:
                     state["master"] = new_p
                     p.copy_(new_p.to(p.dtype))

@@ -1,0 +1,69 @@
+"""Exact per-element sums of fp32 terms (contract ``exact_sum`` v1) on the P10 superaccumulator.
+
+Dense sums reuse :func:`superacc.accumulate` over axis 0. The scatter form decomposes every
+term into its limb index and signed limb contribution and adds them with an int64
+``scatter_add_`` into the raw limbs of its row: integer additions, so any order (atomics
+included) gives the same limbs; blocks of at most ``BLOCK_TERMS`` terms per row keep the raw
+limbs below 2**62 before they are normalised.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._exact import superacc
+
+
+def _scatter(terms: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """States [num_rows, E, 20] of the terms [S, E] added to rows ``index`` [S]."""
+    s, e = terms.shape
+    dev = terms.device
+    nl = superacc.NUM_LIMBS + 1
+    limbs = torch.zeros((num_rows * e * nl,), dtype=torch.int64, device=dev)
+    spec = torch.zeros((num_rows * e, 3), dtype=torch.int64, device=dev)
+    step = max(1, min(superacc.BLOCK_TERMS, superacc.STEP_ELEMENTS // max(e, 1)))
+    elem = torch.arange(e, device=dev, dtype=torch.int64)
+    for s0 in range(0, s, step):
+        chunk = terms[s0:s0 + step]
+        rows = index[s0:s0 + step].to(torch.int64)
+        limb, v = superacc._decompose(chunk)  # [c, E] each
+        slot = ((rows.unsqueeze(1) * e + elem) * nl + limb).reshape(-1)
+        limbs.scatter_add_(0, slot, v.reshape(-1))
+        cell = (rows.unsqueeze(1) * e + elem).reshape(-1)
+        spec.index_add_(0, cell, superacc._specials(chunk.reshape(-1, 1)))
+        normed = superacc.normalize_limbs(limbs.reshape(-1, nl))  # keeps every raw limb < 2**62
+        limbs = normed.reshape(-1)
+    out = torch.zeros((num_rows * e, superacc.STATE_SLOTS), dtype=torch.int64, device=dev)
+    out[:, :nl] = superacc.normalize_limbs(limbs.reshape(-1, nl))
+    out[:, superacc.NAN:] = spec
+    return out
+
+
+def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
+                      num_rows: int | None = None) -> torch.Tensor:
+    """Canonical P10 states of ``terms`` [S, *E] summed over axis 0 (scattered by ``index``)."""
+    rest = tuple(terms.shape[1:])
+    if index is None:
+        if terms.shape[0] == 0:
+            return torch.zeros((*rest, superacc.STATE_SLOTS), dtype=torch.int64, device=terms.device)
+        return superacc.accumulate(terms, dim=0)
+    assert num_rows is not None
+    e = 1
+    for size in rest:
+        e *= size
+    flat = terms.reshape(terms.shape[0], e)
+    return _scatter(flat, index, num_rows).reshape(num_rows, *rest, superacc.STATE_SLOTS)
+
+
+def exact_sum_merge(states: torch.Tensor) -> torch.Tensor:
+    """The canonical state of the union of ``states`` [K, *E, 20] (slot-wise integer sum)."""
+    if states.shape[0] == 0:
+        return torch.zeros(states.shape[1:], dtype=torch.int64, device=states.device)
+    return superacc.merge(states, dim=0)
+
+
+def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
+    """``RN32`` of each state's exact sum, fp32 ``states.shape[:-1]``."""
+    if states.numel() == 0:
+        return torch.zeros(states.shape[:-1], dtype=torch.float32, device=states.device)
+    return superacc.finish(states)

@@ -1,0 +1,286 @@
+"""Exact sums of fp32 terms per element: the accumulator of weight gradients.
+
+A weight gradient is a sum over tokens (or sequences) of per-token terms. Summed in floating
+point, its bits depend on the order of the tokens, on the micro-batch split and on the
+tensor-parallel layout. ``exact_sum_partial`` turns terms into exact P10 superaccumulator
+states (docs/numerics.md P10, the same state as ``masked_mean``'s partials), one per output
+element; states merge by integer addition (``exact_sum_merge``, or a SUM all-reduce of the
+limbs), and ``exact_sum_finish`` rounds each exact sum once to fp32. The gradient is then the
+correctly rounded sum of its terms, whatever the order, the grouping and the number of
+micro-batches or ranks the terms came from.
+
+Three ops share this contract:
+
+- ``exact_sum_partial(terms, index=None, num_rows=None)``: terms fp32 ``[S, *E]`` summed over
+  axis 0 -> int64 ``[*E, 20]``; with ``index`` int64 ``[S]`` (values in ``[0, num_rows)``),
+  term ``s`` goes to row ``index[s]`` -> int64 ``[num_rows, *E, 20]`` (an exact scatter-add:
+  embedding gradients).
+- ``exact_sum_merge(states)``: int64 ``[K, *E, 20]`` -> the canonical state of the union,
+  ``[*E, 20]``.
+- ``exact_sum_finish(states)``: int64 ``[*E, 20]`` -> fp32 ``[*E]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlkernel.contracts._contract import BenchCase, Case, Contract, InvarianceCase
+from rlkernel.contracts._exact import superacc
+from rlkernel.contracts._gen import from_bits, integers, normal, seed_of
+
+STATE_SLOTS = superacc.STATE_SLOTS
+
+CONTRACT = Contract(
+    name="exact_sum",
+    version=1,
+    summary="state = exact P10 sum of fp32 terms over axis 0 (or scattered by row index); finish = RN32(state)",
+    invariances=("permutation", "reduction_order", "micro_batch", "repeat"),
+    dtypes={"terms": (torch.float32,), "index": (torch.int64,), "states": (torch.int64,)},
+    parameters={
+        "terms": "each term is the exact value of its fp32 bits (subnormals exact, -0 adds nothing)",
+        "sum_axis": "exact_sum_partial sums over axis 0 of terms; every other axis is an output element",
+        "scatter": "with index, term s adds to output row index[s] (and to no other row); rows no term names "
+                   "hold the empty state (all slots 0)",
+        "state": "the P10 state of masked_mean (16 limbs of 16 bits from 2**-149, a carry limb, the NaN/+inf/-inf "
+                 "counts), canonical: limbs 0-15 in [0, 2**16)",
+        "merge": "exact_sum_merge adds states slot-wise over axis 0 and returns the canonical form",
+        "rounding": "exact_sum_finish rounds the exact sum once to fp32: nearest, ties to even, a sticky bit "
+                    "for every nonzero bit below the kept ones, subnormals exact, |sum| >= 2**128 - 2**103 to +-inf",
+        "specials": "a NaN term, or a +inf and a -inf term, finish to NaN; else an infinite term gives that infinity",
+        "zero_sign": "a zero exact sum and the empty sum finish to +0 (also for -0 terms only)",
+    },
+)
+
+
+def partial_reference(terms: torch.Tensor, index: torch.Tensor | None = None,
+                      num_rows: int | None = None) -> torch.Tensor:
+    """The canonical states of ``terms`` summed over axis 0 (scattered by ``index``)."""
+    t = terms.to(torch.float32)
+    if index is None:
+        if t.shape[0] == 0:
+            return torch.zeros((*t.shape[1:], STATE_SLOTS), dtype=torch.int64)
+        return superacc.accumulate(t, dim=0)
+    assert num_rows is not None
+    rows = []
+    for r in range(num_rows):
+        picked = t[index == r]
+        if picked.shape[0] == 0:
+            rows.append(torch.zeros((*t.shape[1:], STATE_SLOTS), dtype=torch.int64))
+        else:
+            rows.append(superacc.accumulate(picked, dim=0))
+    if not rows:
+        return torch.zeros((0, *t.shape[1:], STATE_SLOTS), dtype=torch.int64)
+    return torch.stack(rows)
+
+
+def reference(terms: torch.Tensor, index: torch.Tensor | None = None, num_rows: int | None = None) -> torch.Tensor:
+    """Exact per-element sums of fp32 terms as P10 states (the definition of ``exact_sum_partial``).
+
+    ``state[e] = P10(sum_s terms[s, e])``; with ``index``: ``state[r, e] = P10(sum_{index[s]=r} terms[s, e])``.
+
+    Parameters
+    ----------
+    terms : Tensor, float32, [S, *E]
+        S terms per output element (S may be 0).
+    index : Tensor, int64, [S], optional
+        Output row of each term, in ``[0, num_rows)``.
+    num_rows : int, optional
+        Rows of the output; required with ``index``.
+
+    Returns
+    -------
+    Tensor, int64, [*E, 20] (or [num_rows, *E, 20] with index)
+
+    Bitwise semantics
+    -----------------
+    Each term adds its exact value to its element's superaccumulator (P10, as ``masked_mean``):
+    integer additions, so the state does not depend on the order of the terms, on how they are
+    split into calls (merge the states) or on where they were computed. The state is canonical
+    (limbs 0-15 in [0, 2**16)), so equal sums have equal states. NaN/inf terms are counted in
+    the special slots. Invariances: permutation, reduction order, micro-batch, repeat.
+
+    Contract ``exact_sum`` version 1.
+    """
+    return partial_reference(terms, index, num_rows)
+
+
+def merge_reference(states: torch.Tensor) -> torch.Tensor:
+    """``exact_sum_merge``: the canonical state of the union of the term sets of ``states`` [K, *E, 20].
+
+    Slot-wise integer sum over axis 0 (exact for K < 2**46), then the canonical form.
+    """
+    if states.shape[0] == 0:
+        return torch.zeros(states.shape[1:], dtype=torch.int64)
+    return superacc.merge(states, dim=0)
+
+
+def finish_reference(states: torch.Tensor) -> torch.Tensor:
+    """``exact_sum_finish``: ``RN32`` of each state's exact sum (P10 rules), fp32 ``states.shape[:-1]``."""
+    if states.numel() == 0:
+        return torch.zeros(states.shape[:-1], dtype=torch.float32)
+    return superacc.finish(states)
+
+
+REFERENCES = {"exact_sum_partial": reference, "exact_sum_merge": merge_reference,
+              "exact_sum_finish": finish_reference}
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _terms(case: str, shape: tuple[int, ...], std: float = 1.0) -> torch.Tensor:
+    return normal(seed_of("exact_sum", case), shape, std=std, dtype=torch.float32)
+
+
+def _spread(case: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Terms whose magnitudes span 2**-140 .. 2**100: a float sum loses most of them."""
+    t = _terms(case, shape)
+    expo = integers(seed_of("exact_sum", case, "e"), shape, -140, 100).to(torch.float32)
+    return (t * torch.pow(torch.tensor(2.0), expo)).to(torch.float32)
+
+
+def _states(case: str, k: int, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.stack([partial_reference(_spread(f"{case}_{i}", (5, *shape))) for i in range(k)])
+
+
+def golden_cases() -> list[Case]:
+    """Weight-gradient shapes (terms over tokens) for partial, scatter, merge and finish."""
+    cases = [
+        Case("S64_E8x16", "golden", lambda: {"terms": _terms("S64_E8x16", (64, 8, 16))}, op="exact_sum_partial"),
+        Case("S1_E33", "golden", lambda: {"terms": _terms("S1_E33", (1, 33))}, op="exact_sum_partial"),
+        Case("S300_E7_spread", "golden", lambda: {"terms": _spread("S300_E7", (300, 7))}, op="exact_sum_partial"),
+        Case("scatter_S50_V9_D6", "golden",
+             lambda: {"terms": _terms("scatter", (50, 6)),
+                      "index": integers(seed_of("exact_sum", "scatter_idx"), (50,), 0, 9), "num_rows": 9},
+             op="exact_sum_partial"),
+        Case("merge_K4_E5x3", "golden", lambda: {"states": _states("merge", 4, (5, 3))}, op="exact_sum_merge"),
+        Case("finish_E40", "golden", lambda: {"states": _states("finish", 1, (40,))[0]}, op="exact_sum_finish"),
+    ]
+    return cases
+
+
+def _ties() -> dict[str, Any]:
+    """Sums exactly half-way between fp32 neighbours (even and odd), and one a sticky bit above."""
+    one = 1.0
+    half_ulp = 2.0 ** -24
+    rows = [[one, half_ulp, 0.0], [one + 2.0 ** -23, half_ulp, 0.0], [one, half_ulp, 2.0 ** -140],
+            [-one, -half_ulp, 0.0], [one, half_ulp, -(2.0 ** -140)]]
+    return {"terms": torch.tensor(rows, dtype=torch.float32).T.contiguous()}
+
+
+def _specials() -> dict[str, Any]:
+    inf, nan = float("inf"), float("nan")
+    cols = [[1.0, inf, 2.0], [1.0, -inf, 2.0], [inf, -inf, 0.0], [nan, 1.0, 2.0], [-0.0, -0.0, -0.0],
+            [3.0e38, 3.0e38, 0.0], [-3.0e38, -3.0e38, 0.0], [3.0e38, 3.0e38, -3.0e38], [1.0, -1.0, 0.0],
+            [1.0e-45, 1.0e-45, 1.0e-45]]
+    return {"terms": torch.tensor(cols, dtype=torch.float32).T.contiguous()}
+
+
+def _subnormals() -> dict[str, Any]:
+    bits = [0x00000001, 0x00000003, 0x007FFFFF, 0x80000002, 0x00400000, 0x00000005]
+    t = from_bits(bits, torch.float32).reshape(6, 1).repeat(1, 3)
+    t[:, 1] = -t[:, 1]
+    return {"terms": t}
+
+
+def _scatter_edges() -> dict[str, Any]:
+    """Repeated rows, untouched rows, the first and last row, terms that cancel within a row."""
+    terms = _spread("scatter_edges", (24, 5))
+    index = torch.tensor([0, 7, 7, 7, 3, 0, 7, 3, 3, 0, 7, 7, 0, 0, 3, 7, 7, 3, 0, 0, 7, 3, 7, 0])
+    terms[1] = -terms[2]
+    return {"terms": terms, "index": index, "num_rows": 8}
+
+
+def _overflow_merge() -> dict[str, Any]:
+    big = partial_reference(torch.full((1, 4), 3.0e38))
+    return {"states": torch.stack([big, big, partial_reference(torch.full((1, 4), -3.0e38))])}
+
+
+def adversarial_cases() -> list[Case]:
+    """Ties, specials, subnormals, empty inputs, scatter edges, merges that overflow only in floats."""
+    p = "exact_sum_partial"
+    return [
+        Case("ties", "adversarial", _ties, op=p),
+        Case("specials", "adversarial", _specials, op=p),
+        Case("subnormals", "adversarial", _subnormals, op=p),
+        Case("empty_terms", "adversarial", lambda: {"terms": torch.zeros((0, 4, 3))}, op=p),
+        Case("empty_elements", "adversarial", lambda: {"terms": torch.zeros((5, 0))}, op=p),
+        Case("scatter_edges", "adversarial", _scatter_edges, op=p),
+        Case("scatter_empty", "adversarial",
+             lambda: {"terms": torch.zeros((0, 4)), "index": torch.zeros(0, dtype=torch.int64), "num_rows": 3}, op=p),
+        Case("noncontiguous", "adversarial", lambda: {"terms": _spread("nc", (9, 12)).T.contiguous().T}, op=p),
+        Case("merge_overflow", "adversarial", _overflow_merge, op="exact_sum_merge"),
+        Case("merge_single", "adversarial", lambda: {"states": _states("single", 1, (6,))}, op="exact_sum_merge"),
+        Case("finish_specials", "adversarial", lambda: {"states": partial_reference(_specials()["terms"])},
+             op="exact_sum_finish"),
+        Case("finish_ties", "adversarial", lambda: {"states": partial_reference(_ties()["terms"])},
+             op="exact_sum_finish"),
+        Case("finish_subnormals", "adversarial", lambda: {"states": partial_reference(_subnormals()["terms"])},
+             op="exact_sum_finish"),
+        Case("finish_noncanonical", "adversarial",
+             lambda: {"states": _states("nonc", 3, (4,)).sum(dim=0)}, op="exact_sum_finish"),
+    ]
+
+
+def invariance_cases() -> list[InvarianceCase]:
+    """Permuted terms, micro-batches merged in any order, scatter of permuted (term, row) pairs, repeat."""
+    terms = _spread("inv", (96, 4, 5))
+    index = integers(seed_of("exact_sum", "inv_idx"), (96,), 0, 6)
+
+    def finished(run: Any, states: Any) -> Any:
+        return run("exact_sum_finish", states=states)
+
+    def permutation(run: Any) -> tuple[Any, Any]:
+        perm = torch.randperm(96, generator=torch.Generator().manual_seed(7))
+        whole = run("exact_sum_partial", terms=terms)
+        scat = run("exact_sum_partial", terms=terms[:, 0], index=index, num_rows=6)
+        return ([whole, scat],
+                [run("exact_sum_partial", terms=terms[perm]),
+                 run("exact_sum_partial", terms=terms[perm, 0], index=index[perm], num_rows=6)])
+
+    def reduction_order(run: Any) -> tuple[Any, Any]:
+        rev = torch.arange(95, -1, -1)
+        return (finished(run, run("exact_sum_partial", terms=terms)),
+                finished(run, run("exact_sum_partial", terms=terms[rev])))
+
+    def micro_batch(run: Any) -> tuple[Any, Any]:
+        exp, act = [], []
+        whole = run("exact_sum_partial", terms=terms)
+        for cuts in ((1, 95), (32, 64), (7, 50, 81)):
+            bounds = [0, *cuts, 96]
+            parts = [run("exact_sum_partial", terms=terms[a:b]) for a, b in zip(bounds, bounds[1:])]
+            merged = run("exact_sum_merge", states=torch.stack(list(reversed(parts))))
+            exp += [whole, finished(run, whole)]
+            act += [merged, finished(run, merged)]
+        return exp, act
+
+    def repeat(run: Any) -> tuple[Any, Any]:
+        first = run("exact_sum_partial", terms=terms)
+        return [first, first], [run("exact_sum_partial", terms=terms) for _ in range(2)]
+
+    return [
+        InvarianceCase("permuted_terms", "permutation", permutation, op="exact_sum_partial"),
+        InvarianceCase("reversed_terms", "reduction_order", reduction_order, op="exact_sum_partial"),
+        InvarianceCase("micro_batches_merged", "micro_batch", micro_batch, op="exact_sum_partial"),
+        InvarianceCase("repeat", "repeat", repeat, op="exact_sum_partial"),
+    ]
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def _native_sum(terms: torch.Tensor) -> torch.Tensor:
+    return terms.sum(dim=0)
+
+
+def bench_cases() -> list[BenchCase]:
+    """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight."""
+    def make(device: torch.device) -> dict[str, Any]:
+        g = torch.Generator(device=device).manual_seed(0)
+        return {"terms": torch.randn(64, 1024, 1024, generator=g, device=device)}
+
+    n = 64 * 1024 * 1024
+    return [BenchCase(name="S64_1024x1024", make=make, native=_native_sum, flops=float(n),
+                      bytes=4.0 * n + 160.0 * 1024 * 1024, op="exact_sum_partial")]

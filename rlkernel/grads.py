@@ -1,0 +1,170 @@
+"""Exact weight gradients: per-unit terms summed once, whatever the batching.
+
+A weight gradient is a sum over tokens. rlkernel's backward ops never add those terms in
+floating point: each op computes fp32 *terms* (one per token, or one per sequence for the
+matmul weight gradients, see below) and hands them to :func:`weight_grad`, which sums them
+exactly (contract ``exact_sum``, the P10 superaccumulator). Where the terms come from one
+sequence at a time, the gradient is the correctly rounded sum of per-sequence terms, so it
+does not depend on how the global batch is packed, ordered or cut into micro-batches.
+
+Two ways to receive the gradient:
+
+- Plain autograd (no accumulator on the parameter): ``weight_grad`` returns the finished sum,
+  rounded once to fp32 and then to the parameter's dtype, and autograd stores it in ``.grad``
+  as usual. A second ``backward()`` adds to ``.grad`` in that dtype (PyTorch's accumulation):
+  fine for one batch, not micro-batch invariant.
+- :class:`ExactGradients` (the trainer's): every parameter carries an int64 state
+  ``param.exact_grad`` [*shape, 20]; ``weight_grad`` merges its terms into it and returns None,
+  so any number of ``backward()`` calls (micro-batches, tied weights used twice) add exactly;
+  :meth:`ExactGradients.finish` rounds each state once into ``param.main_grad`` (fp32, the name
+  Megatron uses for its fp32 gradient buffer), which :class:`rlkernel.rl.AdamW`/``SGD`` read
+  before ``.grad``.
+
+Sequence units: the matmul weight gradients (``linear``'s dW, the LM head's) are exact digit
+products over the tokens of one *unit*, rounded once; units are the sequences when the forward
+runs inside :func:`sequence_units` (the model's packed training forward does this from its
+``cu_seqlens``), else the whole call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
+
+__all__ = ["ExactGradients", "current_units", "deposit", "sequence_units", "weight_grad"]
+
+_UNITS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("rlkernel_units", default=None)
+
+
+def _offsets(cu_seqlens: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    values = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    out = tuple(int(x) for x in values)
+    if not out or out[0] != 0 or any(b < a for a, b in zip(out, out[1:])):
+        raise ValueError(f"sequence_units: cu_seqlens {list(out)[:8]}...; expected non-decreasing token offsets "
+                         f"starting at 0 ([0, len_0, len_0 + len_1, ...])")
+    return out
+
+
+@contextmanager
+def sequence_units(cu_seqlens: Sequence[int] | torch.Tensor) -> Iterator[None]:
+    """Inside this block, forwards record ``cu_seqlens`` as the units of their weight gradients.
+
+    Parameters
+    ----------
+    cu_seqlens : sequence of int or Tensor, [B + 1]
+        Token offsets of the packed sequences (``0 = c_0 <= ... <= c_B = T``).
+    """
+    token = _UNITS.set(_offsets(cu_seqlens))
+    try:
+        yield
+    finally:
+        _UNITS.reset(token)
+
+
+def current_units(num_tokens: int) -> list[int]:
+    """Unit offsets for a forward over ``num_tokens`` rows: the sequences, or ``[0, num_tokens]``.
+
+    Raises
+    ------
+    ValueError
+        Inside :func:`sequence_units` whose offsets do not end at ``num_tokens`` (the op was
+        not called on the packed tokens the units describe).
+    """
+    units = _UNITS.get()
+    if units is None:
+        return [0, num_tokens]
+    if units[-1] != num_tokens:
+        raise ValueError(f"rlkernel.grads: the sequence units end at {units[-1]} tokens but this op has "
+                         f"{num_tokens} rows; call ops on the packed [T, ...] tokens inside sequence_units, or "
+                         f"leave the block for ops that are not per token")
+    return list(units)
+
+
+def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Sum ``terms`` exactly into ``param``'s gradient.
+
+    Parameters
+    ----------
+    param : Tensor
+        The parameter (as given to the op's forward).
+    terms : Tensor, float32, [S, *param.shape] (or [S, *param.shape[1:]] with index)
+        S terms per element (per token or per sequence).
+    index : Tensor, int64, [S], optional
+        Row of ``param`` each term belongs to (embedding gradients).
+
+    Returns
+    -------
+    Tensor or None
+        The gradient for autograd: ``RN_dtype(RN32(exact sum))`` in param's dtype, or None when
+        the parameter has an exact accumulator (:class:`ExactGradients`) that took the terms.
+
+    Bitwise semantics
+    -----------------
+    The exact sum of all terms, rounded once to fp32 (contract ``exact_sum``); with an
+    accumulator the rounding waits until :meth:`ExactGradients.finish`, so every micro-batch
+    and every use of a tied weight adds exactly.
+    """
+    if index is None:
+        state = exact_sum_partial(terms)
+    else:
+        state = exact_sum_partial(terms, index, int(param.shape[0]))
+    return deposit(param, state)
+
+
+def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
+    """:func:`weight_grad` for terms already summed into an exact state (int64 [*param.shape, 20])."""
+    acc = getattr(param, "exact_grad", None)
+    if acc is None:
+        return exact_sum_finish(state).to(param.dtype)
+    param.exact_grad = exact_sum_merge(torch.stack([acc, state.to(acc.device)]))  # type: ignore[attr-defined]
+    return None
+
+
+class ExactGradients:
+    """Exact gradient accumulation for a set of parameters (micro-batches, tied weights).
+
+    Parameters
+    ----------
+    params : iterable of Tensor
+        Parameters that require grad. Each gets ``exact_grad`` (int64 [*shape, 20], zeros) and,
+        after :meth:`finish`, ``main_grad`` (fp32).
+
+    Notes
+    -----
+    Memory: 160 bytes per parameter element while accumulating (the P10 state), on the
+    parameter's device. Every parameter must be reached only through rlkernel ops whose
+    backward calls :func:`weight_grad`; a gradient that reaches ``.grad`` through plain autograd
+    is refused by :meth:`finish` (it would have been added in floating point).
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.zero()
+
+    def zero(self) -> None:
+        """Empty every accumulator (the start of a global batch)."""
+        for p in self.params:
+            p.exact_grad = torch.zeros((*p.shape, 20), dtype=torch.int64, device=p.device)  # type: ignore[attr-defined]
+            p.main_grad = None  # type: ignore[attr-defined]
+            p.grad = None
+
+    def finish(self) -> None:
+        """Round each accumulated gradient once: ``param.main_grad = RN32(exact sum)`` (fp32)."""
+        for p in self.params:
+            if p.grad is not None:
+                raise RuntimeError(f"ExactGradients: a parameter of shape {tuple(p.shape)} received a .grad through "
+                                   f"plain autograd (an op without an exact weight gradient used it); its sum "
+                                   f"would not be exact. Use rlkernel ops for every use of the parameter")
+            p.main_grad = exact_sum_finish(p.exact_grad)  # type: ignore[attr-defined]
+
+    def remove(self) -> None:
+        """Detach the accumulators (plain autograd again)."""
+        for p in self.params:
+            for name in ("exact_grad", "main_grad"):
+                if hasattr(p, name):
+                    delattr(p, name)
