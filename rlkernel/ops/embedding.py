@@ -5,9 +5,29 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _validate as v
-from rlkernel import dispatch
+from rlkernel import dispatch, grads
 
 __all__ = ["embedding"]
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """Autograd for :func:`embedding`: ``dW[v] = RN32(exact sum of fp32(dY[t]) over the tokens t with id v)``.
+
+    Each token's gradient row is one term of its id's row (:func:`rlkernel.grads.weight_grad`
+    with the ids as the scatter index, contract ``exact_sum``): no floating-point addition, so
+    the gradient is the same whatever the order, batch, micro-batching or repeats of tokens.
+    """
+
+    @staticmethod
+    def forward(ctx, flat, weight):  # type: ignore[no-untyped-def,override]
+        ctx.save_for_backward(flat)
+        ctx.weight = weight
+        return dispatch.call("embedding", weight.device, ids=flat, weight=weight.detach())
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        (flat,) = ctx.saved_tensors
+        return None, grads.weight_grad(ctx.weight, grad.to(torch.float32), index=flat)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -37,11 +57,12 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     -----------------
     No arithmetic: each output row holds the bits of its weight row (-0, subnormals and
     infinities unchanged), every NaN replaced by the canonical NaN of the dtype (P8). Each row
-    depends only on its own id: invariant to batch composition, order and repeats. No backward
-    (an exact scatter-add is not in contract v1; torch's uses float atomics whose order varies):
-    a weight that requires grad, with grad mode on, raises
-    ``rlkernel.dispatch.BackwardNotDefined`` at the call — freeze the table
-    (``weight.requires_grad_(False)``) or call under ``torch.no_grad()``.
+    depends only on its own id: invariant to batch composition, order and repeats.
+
+    Backward (weight only): ``dW[v]`` is the exact sum of the fp32 gradient rows of the tokens
+    with id ``v``, rounded once (contract ``exact_sum``; torch's scatter-add uses float atomics
+    whose order varies). With :class:`rlkernel.grads.ExactGradients` the rounding waits for the
+    whole global batch.
 
     Contract: ``embedding``, version 1.
     """
@@ -62,5 +83,9 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
                              f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
                              f"vocabulary size against the embedding table")
-    out = dispatch.call(op, device, ids=flat.to(torch.int64), weight=weight)  # kernels receive int64 ids
+    flat = flat.to(torch.int64)  # kernels receive int64 ids
+    if weight.requires_grad and torch.is_grad_enabled():
+        out = EmbeddingFunction.apply(flat, weight)
+    else:
+        out = dispatch.call(op, device, ids=flat, weight=weight)
     return out.reshape(*ids.shape, hidden)
