@@ -167,7 +167,8 @@ def completion_logprobs(model: Qwen3ForCausalLM, prompts: Sequence[Sequence[int]
         cu.append(cu[-1] + n)
     with grads.sequence_units(cu):
         hidden = model(ids, meta.positions(), meta)
-    rows, head_cu = [], [0]
+    rows: list[int] = []
+    head_cu = [0]
     for b, (p, c) in enumerate(zip(prompts, completions)):
         start = cu[b] + len(p) - 1  # the row of the last prompt token predicts the first completion token
         rows.extend(range(start, start + len(c)))
