@@ -110,10 +110,27 @@ def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | 
     and every use of a tied weight adds exactly.
     """
     if index is None:
-        state = exact_sum_partial(terms)
-    else:
-        state = exact_sum_partial(terms, index, int(param.shape[0]))
-    return deposit(param, state)
+        return deposit(param, exact_sum_partial(terms))
+    rows, local = torch.unique(index, return_inverse=True)  # only the rows some term names
+    part = exact_sum_partial(terms, local, int(rows.shape[0]))
+    acc = getattr(param, "exact_grad", None)
+    if acc is None:
+        full = torch.zeros(param.shape, dtype=torch.float32, device=part.device)
+        full[rows] = exact_sum_finish(part)
+        return full.to(param.dtype)
+    for r0 in range(0, rows.shape[0], _rows_per_step(acc)):
+        r = rows[r0:r0 + _rows_per_step(acc)]
+        acc[r] = exact_sum_merge(torch.stack([acc[r], part[r0:r0 + r.shape[0]].to(acc.device)]))
+    return None
+
+
+#: Elements merged per step (bounds the temporaries of a merge: a few int64 copies of the slice).
+_MERGE_ELEMENTS = 1 << 22
+
+
+def _rows_per_step(acc: torch.Tensor) -> int:
+    per_row = max(1, acc[0].numel() // 20) if acc.shape[0] else 1
+    return max(1, _MERGE_ELEMENTS // per_row)
 
 
 def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
@@ -121,7 +138,12 @@ def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
     acc = getattr(param, "exact_grad", None)
     if acc is None:
         return exact_sum_finish(state).to(param.dtype)
-    param.exact_grad = exact_sum_merge(torch.stack([acc, state.to(acc.device)]))  # type: ignore[attr-defined]
+    if acc.dim() == 1:  # a 0-d parameter: one state
+        param.exact_grad = exact_sum_merge(torch.stack([acc, state.to(acc.device)]))  # type: ignore[attr-defined]
+        return None
+    step = _rows_per_step(acc)
+    for r0 in range(0, acc.shape[0], step):  # in place, a slice at a time: no full-size temporaries
+        acc[r0:r0 + step] = exact_sum_merge(torch.stack([acc[r0:r0 + step], state[r0:r0 + step].to(acc.device)]))
     return None
 
 
