@@ -178,13 +178,24 @@ class ExactGradients:
             p.grad = None
 
     def finish(self) -> None:
-        """Round each accumulated gradient once: ``param.main_grad = RN32(exact sum)`` (fp32)."""
+        """Round each accumulated gradient once: ``param.main_grad = RN32(exact sum)`` (fp32).
+
+        A parameter with a ``grad_reduce_group`` attribute (a replicated weight whose uses are
+        split over tensor-parallel ranks, e.g. the q/k norm gains of sharded heads) first has
+        its state summed over that group: an int64 all-reduce, exact in any order.
+        """
+        from rlkernel.distributed import all_reduce_exact
+
         for p in self.params:
             if p.grad is not None:
                 raise RuntimeError(f"ExactGradients: a parameter of shape {tuple(p.shape)} received a .grad through "
                                    f"plain autograd (an op without an exact weight gradient used it); its sum "
                                    f"would not be exact. Use rlkernel ops for every use of the parameter")
-            p.main_grad = exact_sum_finish(p.exact_grad)  # type: ignore[attr-defined]
+            state = p.exact_grad  # type: ignore[attr-defined]
+            group = getattr(p, "grad_reduce_group", None)
+            if group is not None:
+                state = all_reduce_exact(state.clone(), "sum", group)  # canonical limbs < 2**16: no overflow
+            p.main_grad = exact_sum_finish(state)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
         """Detach the accumulators (plain autograd again)."""
