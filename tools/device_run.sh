@@ -29,6 +29,7 @@ REPO="$(pwd)"
 STAGE="${RLK_STAGE:-/tmp/rlk}"
 PY="${PYTHON:-python3} -P"  # -P: the repository root (cwd) must not shadow the staged package
 mkdir -p "$OUT"
+export WORK PY
 rm -rf "$WORK"; mkdir -p "$WORK"
 
 # ---- staging: /tmp/rlk/rlkernel = rlkernel/* + contracts, backends, conformance --------------
