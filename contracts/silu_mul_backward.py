@@ -184,8 +184,7 @@ def adversarial_cases() -> list[Case]:
         Case("large_gate_fp32", "adversarial", lambda: _inputs("large_gate_fp32", (3, 129), torch.float32, std=60.0)),
         Case("noncontiguous_bf16", "adversarial", _noncontiguous),
         Case("empty_batch_bf16", "adversarial",
-             lambda: {"grad": torch.empty(0, 64, dtype=torch.bfloat16), "gate": torch.empty(0, 64, dtype=torch.bfloat16),
-                      "up": torch.empty(0, 64, dtype=torch.bfloat16)}),
+             lambda: {name: torch.empty(0, 64, dtype=torch.bfloat16) for name in ("grad", "gate", "up")}),
         Case("three_d_fp16", "adversarial", lambda: _inputs("three_d_fp16", (2, 3, 65), torch.float16)),
     ]
 

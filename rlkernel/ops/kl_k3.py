@@ -72,9 +72,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     logp, ref_logp = v.contiguous(logp), v.contiguous(ref_logp)
     if torch.is_grad_enabled() and ref_logp.requires_grad:  # never detached silently: the backward is for logp
         raise dispatch.BackwardNotDefined(
-            f"rlkernel.ops.kl_k3: the backward is defined for logp only, and ref_logp requires grad (grad mode is "
-            f"on). The reference policy is not trained: pass ref_logp.detach(), or compute the forward only under "
-            f"torch.no_grad() or torch.inference_mode()"
+            "rlkernel.ops.kl_k3: the backward is defined for logp only, and ref_logp requires grad (grad mode is "
+            "on). The reference policy is not trained: pass ref_logp.detach(), or compute the forward only under "
+            "torch.no_grad() or torch.inference_mode()"
         )
     if torch.is_grad_enabled() and logp.requires_grad:
         out: torch.Tensor = KLK3Function.apply(logp, ref_logp)

@@ -20,7 +20,8 @@ from rlkernel import _validate as v
 from rlkernel import dispatch
 from rlkernel.ops._rope_tables import MAX_POSITION, table_rows
 
-__all__ = ["MAX_POSITION", "RopeFunction", "clear_table_cache", "rope", "rope_backward", "rope_table_rows", "rope_tables"]
+__all__ = ["MAX_POSITION", "RopeFunction", "clear_table_cache", "rope", "rope_backward", "rope_table_rows",
+           "rope_tables"]
 #: Smallest number of rows a cached table is built with.
 MIN_TABLE_ROWS = 4096
 #: Largest growth step of a cached table (rows); below it a table doubles.

@@ -60,7 +60,8 @@ MUTATIONS: list[Mutation] = [
     mutation(OP, "grad_denominator", "seq-mean count: sequences with kept tokens -> all sequences",
              patch(MOD, "_denominator", _all_sequences)),
     mutation(OP, "grad_rounding", "RN(RN(g ÷ c_b) ÷ D) -> g ÷ RN(c_b * D)", patch(MOD, "_per_token", _one_division)),
-    mutation(OP, "grad_rounding", "RN(RN(g ÷ c_b) ÷ D) -> RN(RN(g ÷ D) ÷ c_b)", patch(MOD, "_per_token", _swapped_order)),
+    mutation(OP, "grad_rounding", "RN(RN(g ÷ c_b) ÷ D) -> RN(RN(g ÷ D) ÷ c_b)",
+             patch(MOD, "_per_token", _swapped_order)),
     mutation(OP, "masked_out", "+0 at masked-out positions -> -0", wrap(MOD, "masked_mean_backward", _negative_zeros)),
     mutation(OP, ORDER_BATCH, "B > 1: the divisions swapped", wrap(MOD, "masked_mean_backward", _batched_path)),
 ]

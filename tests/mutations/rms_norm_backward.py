@@ -65,7 +65,8 @@ def _batched_path(fn: Any) -> Any:
 
 
 MUTATIONS: list[Mutation] = [
-    mutation(OP, "forward_r", "r = 1 ÷ sqrt_rn(v) -> one rounding of 1/sqrt(v)", patch(MOD, "_scale", _scale_one_rounding)),
+    mutation(OP, "forward_r", "r = 1 ÷ sqrt_rn(v) -> one rounding of 1/sqrt(v)",
+             patch(MOD, "_scale", _scale_one_rounding)),
     mutation(OP, "forward_r", "sum of squares F 40 -> 39", patch(MOD, "F_SUM", 39)),
     mutation(OP, "h_values", "weight terms with h32 (not rounded to x's dtype)",
              patch(MOD, "_round_h", lambda h32, dtype: h32)),
