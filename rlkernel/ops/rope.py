@@ -136,9 +136,12 @@ def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tup
             return have
         new = min(MAX_POSITION, max(rows, old + min(old, MAX_TABLE_GROWTH), MIN_TABLE_ROWS))
         cos_np, sin_np = table_rows(np.arange(old, new, dtype=np.int64), head_dim, theta)
-        cos, sin = torch.from_numpy(cos_np).to(device), torch.from_numpy(sin_np).to(device)
-        if have is not None:
-            cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
+        # normal tensors even when first asked for under inference_mode (the rollout engine): the
+        # trainer's autograd saves table rows for the backward, which inference tensors refuse
+        with torch.inference_mode(False):
+            cos, sin = torch.from_numpy(cos_np).to(device), torch.from_numpy(sin_np).to(device)
+            if have is not None:
+                cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
         _cache[key] = (cos, sin)
         return cos, sin
 
