@@ -161,9 +161,10 @@ class ExactGradients:
     Memory: 160 bytes per parameter element while accumulating (the P10 state), on the
     parameter's device. As with Megatron's ``main_grad`` fusion, a weight's gradient is
     deposited whenever the op's backward runs: ``torch.autograd.grad`` with respect to
-    activations only still adds to the accumulators of the weights on the way. Every parameter must be reached only through rlkernel ops whose
-    backward calls :func:`weight_grad`; a gradient that reaches ``.grad`` through plain autograd
-    is refused by :meth:`finish` (it would have been added in floating point).
+    activations only still adds to the accumulators of the weights on the way. Every parameter
+    must be reached only through rlkernel ops whose backward calls :func:`weight_grad`; a
+    gradient that reaches ``.grad`` through plain autograd is refused by :meth:`finish` (it
+    would have been added in floating point).
     """
 
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
