@@ -1,8 +1,9 @@
 """``rlkernel validate --train-steps N``: the ordinary PyTorch GRPO path, the CLI, and ours end to end.
 
 Ours end to end needs the backward contracts of every op on the training path (rms_norm, rope,
-silu_mul, attention, token_logprobs); until they are in this build that test is skipped, and it
-starts running by itself once ``rlkernel.ops.rms_norm`` accepts inputs that require grad.
+silu_mul, attention, token_logprobs); until they are in this build those tests are skipped, and
+they start running by themselves once ``rlkernel.ops.rms_norm`` accepts inputs that require grad
+and the other ops export their ``*_backward``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from rlkernel.validate.train import TrainConfig, build_task_model
 
 
 def _backward_available() -> bool:
-    """Whether this build's ops on the training path have a backward (probed on rms_norm)."""
+    """Whether this build's ops on the training path have a backward: rms_norm takes requires-grad inputs,
+    and the other ops of the model's forward export their backward op."""
+    import rlkernel.ops
     from rlkernel.ops import rms_norm
 
+    if not all(hasattr(rlkernel.ops, f"{op}_backward") for op in ("attention", "rope", "silu_mul", "token_logprobs")):
+        return False
     x = torch.ones(1, 4, dtype=torch.bfloat16, requires_grad=True)
     try:
         with torch.enable_grad():
