@@ -38,6 +38,7 @@ KERNELS: dict[str, str] = {
     "token_logprobs": "token_logprobs:token_logprobs",
     "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
+    "token_logprobs_backward": "torch_exact:token_logprobs_backward",
     "softmax": "softmax:softmax",
     "log_softmax": "softmax:log_softmax",
     "sample": "torch_exact:sample",

@@ -1,7 +1,8 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
-``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd`` and the ``exact_sum``
-ops run on the GPU as the device-generic implementations (integer ranking and Philox for ``sample``, the P10 exact
+``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd``, the ``exact_sum``
+ops and ``token_logprobs_backward`` (its logits are the generic digit GEMMs, its products exact digit
+GEMMs in int64; a fused Triton kernel comes with the performance work) run on the GPU as the device-generic implementations (integer ranking and Philox for ``sample``, the P10 exact
 superaccumulator for the RL reductions, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
 contract's bits on CUDA as on the CPU. They are listed in ``KERNELS`` under this module, so the
@@ -16,6 +17,7 @@ from rlkernel.backends.generic.exact_sum import exact_sum_finish, exact_sum_merg
 from rlkernel.backends.generic.optim import adamw, sgd
 from rlkernel.backends.generic.rl import group_advantages, masked_mean, ppo_loss
 from rlkernel.backends.generic.sample import sample
+from rlkernel.backends.generic.token_logprobs_backward import token_logprobs_backward
 
 __all__ = ["adamw", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "masked_mean",
-           "ppo_loss", "sample", "sgd"]
+           "ppo_loss", "sample", "sgd", "token_logprobs_backward"]

@@ -24,12 +24,17 @@ from rlkernel.ops.sample import sample
 from rlkernel.ops.sgd import sgd
 from rlkernel.ops.silu_mul import silu_mul
 from rlkernel.ops.softmax import log_softmax, softmax
-from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
+from rlkernel.ops.token_logprobs import (
+    token_logprobs,
+    token_logprobs_backward,
+    token_logprobs_finish,
+    token_logprobs_partial,
+)
 
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_paged", "embedding", "exact_sum_finish", "exact_sum_merge",
     "exact_sum_partial", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
     "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "sgd", "silu_mul", "softmax", "token_logprobs",
-    "token_logprobs_finish", "token_logprobs_partial",
+    "token_logprobs_backward", "token_logprobs_finish", "token_logprobs_partial",
 ]
