@@ -105,9 +105,9 @@ CONTRACT = Contract(
                      "rows) summed as two int64 words HI = sum (C >> 32), LO = sum (C & (2**32 - 1))",
         "hidden_rounding": "d_hidden = RN_dtype((HI 2**32 + LO) 2**(ec + ew - 47)): one rounding, straight to "
                            "hidden's dtype (P3'; not through fp32)",
-        "weight_rounding": "d_weight = RN32(C 2**(ec + eh - 47)): one rounding to fp32 per call (the unit)",
+        "weight_rounding": "d_weight = RN32(C 2**(ec + eh - 47)): one rounding to fp32 per call (the unit; "
+                           "T <= 2**16 - 1 tokens keep |C| < 2**63, more raises ValueError)",
         "subnormal_results": "results in the output's subnormal range are kept (rounded once), not flushed",
-        "token_bound": "d_weight reduces over T <= 2**16 - 1 tokens (|C| < 2**63); more raises ValueError",
     },
 )
 
@@ -267,12 +267,12 @@ def _confident() -> dict[str, Any]:
     w = base["weight"].clone()
     h = base["hidden"].clone()
     y = base["targets"].clone()
-    for t in range(6):
-        h[t, 0] = 8.0
+    h[:, :6] = 0.0
+    w[:, :6] = 0.0
+    for t in range(6):  # token t alone reads channel t, where only its target's row is nonzero
+        h[t, t] = 8.0
         y[t] = 10 * t + 3
-    w[:, 0] = 0.0
-    for t in range(6):
-        w[10 * t + 3, 0] = 2.5 + 0.5 * t  # z_y - z_other ~ 20 .. 40
+        w[10 * t + 3, t] = 2.5 + 0.5 * t  # z_y - z_other ~ 20 .. 40
     base.update(hidden=h, weight=w, targets=y)
     return base
 
@@ -365,6 +365,41 @@ def _bf16_ties() -> dict[str, Any]:
     return base
 
 
+def _hidden_rounding_tie() -> dict[str, Any]:
+    """One token, V = 3, logits 0, 0 and -17.25 (target 0, grad 1): c = (0.5, -0.5, -RN(p_2 / 2)) with
+    p_2 / 2 ~ 2**-25.9, and column 1 of W (0 in the logits) = (1, -2**-8, -0.25), so
+    ``d_hidden[0, 1] = 0.5 + 2**-9 + ~2**-28``: just above a bf16 tie. Rounded once it goes up to
+    0.5 + 2**-8; through fp32 the 2**-28 is lost and the tie goes to even, 0.5 (P3' against P3)."""
+    w = torch.tensor([[0.0, 1.0], [0.0, -(2.0**-8)], [-17.25, -0.25]], dtype=torch.bfloat16)
+    return {"grad": torch.ones(1, dtype=torch.float32), "hidden": torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16),
+            "weight": w, "targets": torch.zeros(1, dtype=torch.int64), "temperature": 1.0}
+
+
+def _coef_double_rounding(grad_bits: list[int], temperature: float) -> dict[str, Any]:
+    """Three tokens, V = 2 (logits 0 and -1.5 / tau, target 0), grads found by search: for each, the fp32
+    product ``RN32(s * a)`` lands on a bf16 tie (or just off it) that one more fp32 rounding step -- a
+    product rounded toward zero, ``grad * RN32(1 / tau)`` for ``grad / tau`` -- moves to the other
+    side, so the bf16 coefficient shows the fp32 rounding of s and of s * a."""
+    return {"grad": from_bits(grad_bits, torch.float32),
+            "hidden": torch.ones((3, 1), dtype=torch.bfloat16),
+            "weight": torch.tensor([[0.0], [-1.5]], dtype=torch.bfloat16),
+            "targets": torch.zeros(3, dtype=torch.int64), "temperature": temperature}
+
+
+def _infinite_max() -> dict[str, Any]:
+    """Row 0: every logit overflows to -inf (row max -inf); row 1: a logit overflows to +inf (row max
+    +inf); rows 2-4 ordinary. The first two coefficient rows are NaN (their log-probs are NaN)."""
+    base = _inputs("infinite_row_max", 5, 16, 40, torch.bfloat16)
+    h, w = base["hidden"].clone(), base["weight"].clone()
+    h[:, 5:7] = 0.0
+    h[0, 5] = 2.0**100
+    w[:, 5] = -(2.0**100)
+    h[1, 6] = 2.0**100
+    w[7, 6] = 2.0**100
+    base.update(hidden=h, weight=w)
+    return base
+
+
 def _non_contiguous() -> dict[str, Any]:
     base = _inputs("non_contiguous", 10, 40, 200, torch.float16, w_std=0.1)
     base["hidden"] = base["hidden"].t().contiguous().t()
@@ -388,6 +423,11 @@ def adversarial_cases() -> list[Case]:
         case("vocab_sum_beyond_int64_v70000", _vocab_beyond_int64),
         case("vocab_chunks_v66000", _vocab_chunks),
         case("confident_targets", _confident),
+        case("hidden_rounding_tie", _hidden_rounding_tie),
+        case("coef_double_rounding_tau1", lambda: _coef_double_rounding([0x3F434903, 0x3F32D713, 0x3FDEB193], 1.0)),
+        case("coef_double_rounding_tau0.7",
+             lambda: _coef_double_rounding([0x3FC5EA61, 0x3FFE2A4F, 0x3F4D6A60], 0.7)),
+        case("infinite_row_max", _infinite_max),
         case("grad_specials", _grad_specials),
         case("grad_nonfinite_bf16", lambda: _grad_nonfinite(torch.bfloat16)),
         case("grad_nonfinite_fp16", lambda: _grad_nonfinite(torch.float16)),

@@ -63,8 +63,9 @@ def _softmax_divide(p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return p / total
 
 
-def _target_coef(rest: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """``a_y = RN32(RN32(rest * 2**-40) / L)``, rest = S - P_y (exact int64)."""
+def _target_coef(rest: torch.Tensor, p_y: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``a_y = RN32(RN32(rest * 2**-40) / L)``, rest = S - P_y (exact int64); ``p_y`` is not used (the
+    exact complement replaces ``1 - p_y / L``)."""
     return scale_pow2(int64_to_f32(rest), torch.full_like(rest, -F_SUM)) / total
 
 
@@ -196,7 +197,7 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
         total = torch.where(finite, scale_pow2(int64_to_f32(s_int), torch.full_like(s_int, -F_SUM)), 1.0)
         y = targets[t0:t1]
         p_y = exp_c(z.gather(1, y.view(-1, 1)).view(-1) - m0)
-        a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), total)
+        a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
         s = s_all[t0:t1]
         c = torch.empty((t1 - t0, v), dtype=dtype, device=dev)
         for v0 in range(0, v, vs):
