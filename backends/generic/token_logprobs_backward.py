@@ -1,11 +1,11 @@
 """Device-generic backward of ``token_logprobs``: coefficients from the forward's exact sums, two exact products.
 
-Contract ``token_logprobs_backward`` v1. The coefficient ``c_tv = RN_dt(RN32(RN32(grad_t / tau) *
-a_tv))`` (``a = -RN32(p / L)`` off the target, the exact complement ``RN32(RN32((S - P_y) 2**-40) /
+Contract ``token_logprobs_backward`` v1. The coefficient ``c_tv = RN32(RN32(grad_t / tau) * a_tv)``
+(fp32) (``a = -RN32(p / L)`` off the target, the exact complement ``RN32(RN32((S - P_y) 2**-40) /
 L)`` on it) is never stored for all tokens. Two passes:
 
 * pass A, token chunks (each holds its fp32 logits ``[tc, V]`` like the forward, and its
-  coefficients ``[tc, V]`` in the input dtype): the row max, the exact int64 grid sum ``S``, the
+  coefficients ``[tc, V]`` in fp32): the row max, the exact int64 grid sum ``S``, the
   coefficients, ``d_hidden`` for the chunk (the product over the vocabulary in chunks of
   :data:`VOCAB_CHUNK` rows, each chunk's exact int64 partial added into two int64 words
   ``HI += C >> 32``, ``LO += C & (2**32 - 1)``, rounded once from the pair), and the running
@@ -51,7 +51,7 @@ VOCAB_CHUNK = 1 << 15
 WORD_SHIFT = 32
 #: largest token count of one call's d_weight (|C| <= T * 2**47 < 2**63)
 MAX_TOKENS = (1 << 16) - 1
-#: bytes of one token chunk's logits (fp32) and coefficients (2 bytes) together
+#: bytes of one token chunk's logits and coefficients (fp32 both) together
 LOGITS_BYTES = 96 << 20
 #: bytes of each group of temporaries (digit planes / float64 grids, exp terms, accumulators)
 WORK_BYTES = 48 << 20
@@ -75,26 +75,20 @@ def _grad_scale(grad: torch.Tensor, tau: torch.Tensor | None) -> torch.Tensor:
 
 
 def _coef_product(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """``RN32(s * a)``: one fp32 product."""
+    """``c = RN32(s * a)``: one fp32 product; c stays fp32."""
     return s * a
 
 
-def _coef_cast(c32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 -> bf16/fp16, to nearest even, overflow to +-inf."""
-    return c32.to(dtype)
-
-
 def _coefficients(z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor, s: torch.Tensor,
-                  local_y: torch.Tensor, finite: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+                  local_y: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
     """Coefficients of a logits block z [r, k] whose column j is vocabulary entry ``v0 + j``;
     ``local_y`` = y - v0 (outside [0, k): the target is elsewhere)."""
     p = exp_c(z - m0.unsqueeze(1))
     a = -_softmax_divide(p, total.unsqueeze(1))
     cols = torch.arange(z.shape[1], device=z.device)
     a = torch.where(cols.unsqueeze(0) == local_y.unsqueeze(1), a_y.unsqueeze(1), a)
-    c32 = _coef_product(s.unsqueeze(1), a)
-    c32 = torch.where(finite.unsqueeze(1), c32, float("nan"))
-    return _coef_cast(c32, dtype)
+    c = _coef_product(s.unsqueeze(1), a)
+    return torch.where(finite.unsqueeze(1), c, float("nan"))
 
 
 def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
@@ -177,7 +171,7 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
     d_hidden = torch.empty((t, h), dtype=dtype, device=dev) if need_hidden else None
     ew = _exponents(weight.T) if need_hidden else None
 
-    tc = max(1, min(t, WORK_BYTES // (32 * h), LOGITS_BYTES // (6 * v)))
+    tc = max(1, min(t, WORK_BYTES // (32 * h), LOGITS_BYTES // (8 * v)))
     vc = max(1, min(v, WORK_BYTES // (32 * h), WORK_BYTES // (8 * 5 * tc)))
     vs = max(1, min(v, WORK_BYTES // (_E_BYTES * tc)))
     vch = max(1, min(v, VOCAB_CHUNK, WORK_BYTES // (8 * (h + 2 * tc))))
@@ -199,13 +193,13 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
         p_y = exp_c(z.gather(1, y.view(-1, 1)).view(-1) - m0)
         a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
         s = s_all[t0:t1]
-        c = torch.empty((t1 - t0, v), dtype=dtype, device=dev)
+        c = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
         for v0 in range(0, v, vs):
             v1 = min(v0 + vs, v)
-            c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, y - v0, finite, dtype)
+            c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, y - v0, finite)
         del z
         live = torch.isfinite(c)
-        colmax = torch.maximum(colmax, torch.where(live, c, 0.0).abs().to(torch.float32).amax(dim=0))
+        colmax = torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0))
         colbad |= ~live.all(dim=0)
         m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], finite_all[t0:t1] = m0, total, a_y, finite
         if d_hidden is not None and ew is not None:
@@ -234,7 +228,7 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
             xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
             _, _, z = next(_logit_blocks(xe, xd, xbad, weight[v0:v1], v1 - v0, tau))
             c = _coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1], targets[t0:t1] - v0,
-                              finite_all[t0:t1], dtype)
+                              finite_all[t0:t1])
             acc += _product(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
         d_weight[v0:v1] = _finish(acc, ec[v0:v1], eh)
     return d_hidden, d_weight

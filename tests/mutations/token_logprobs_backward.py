@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mutations import ORDER_BATCH, ORDER_FLOAT_SUM, mutation, original, patch
-from mutations._roundings import cast_rounding, int64_to_float_ftz, int64_to_float_rounding, ties_away, toward_zero
+from mutations._roundings import int64_to_float_ftz, int64_to_float_rounding, ties_away, toward_zero
 from rlkernel.backends.generic._exact import fp32
 
 OP = "token_logprobs_backward"
@@ -43,9 +43,14 @@ def _product_toward_zero(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.where(r.to(torch.float64).abs() > exact.abs(), torch.nextafter(r, torch.zeros_like(r)), r)
 
 
+def _product_to_bf16(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """c cast to bf16, as the grad_logits of a bf16 autograd."""
+    return (s * a).to(torch.bfloat16).to(torch.float32)
+
+
 def _all_rows_finite(z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor, s: torch.Tensor,
-                     local_y: torch.Tensor, finite: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return _coefficients(z, m0, total, a_y, s, local_y, torch.ones_like(finite), dtype)
+                     local_y: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    return _coefficients(z, m0, total, a_y, s, local_y, torch.ones_like(finite))
 
 
 def _half_away(t: torch.Tensor) -> torch.Tensor:
@@ -100,8 +105,7 @@ MUTATIONS = [
     mutation(OP, "target_complement", "a_y = 1 - p_y / L", patch(M, "_target_coef", _one_minus_q)),
     mutation(OP, "grad_scale", "grad * (1 / tau)", patch(M, "_grad_scale", _grad_reciprocal)),
     mutation(OP, "coef_product", "s * a rounded toward zero", patch(M, "_coef_product", _product_toward_zero)),
-    mutation(OP, "coef_cast", "to nearest even -> toward zero", patch(M, "_coef_cast", cast_rounding("zero"))),
-    mutation(OP, "coef_cast", "ties to even -> ties away", patch(M, "_coef_cast", cast_rounding("away"))),
+    mutation(OP, "coef_product", "c cast to bf16 (torch's grad_logits)", patch(M, "_coef_product", _product_to_bf16)),
     mutation(OP, "nonfinite_max", "rows with a non-finite max kept finite", patch(M, "_coefficients", _all_rows_finite)),
     mutation(OP, "c_grid_bits", "C_BITS 27 -> 26", patch(M, "C_BITS", 26)),
     mutation(OP, "operand_grid_bits", "O_BITS 20 -> 19", patch(M, "O_BITS", 19)),

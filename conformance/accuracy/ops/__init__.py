@@ -7,7 +7,7 @@ import importlib
 from rlkernel.conformance.accuracy.suite import Measurement
 
 #: Modules in report order; each defines ``measurements() -> list[Measurement]``.
-MODULES = ("linear", "token_logprobs", "attention", "rms_norm", "rope", "silu_mul", "softmax", "embedding",
+MODULES = ("linear", "token_logprobs", "token_logprobs_backward", "attention", "rms_norm", "rope", "silu_mul", "softmax", "embedding",
            "all_reduce", "sample", "rl", "optim")
 
 
