@@ -27,7 +27,8 @@ from rlkernel.dispatch import BackwardNotDefined
 from rlkernel.public import public_op
 
 #: The autograd nodes each op with a backward defines; any other grad_fn on an output is a bug.
-DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossFunctionBackward"}}
+DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossFunctionBackward"},
+                    "token_logprobs": {"TokenLogprobsFunctionBackward"}}
 
 
 def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:

@@ -14,7 +14,8 @@ L)`` on it) is never stored for all tokens. Two passes:
 * pass B (``need_weight``), vocabulary blocks outside, token chunks inside: the logits of the
   block are recomputed, the same coefficients rebuilt from the kept per-token values, and the
   exact int64 ``C = c.T @ h`` of the block accumulated over all tokens (T <= 2**16 - 1), then
-  rounded once to fp32.
+  rounded once to fp32. When pass A held every token in one chunk, its coefficients are used
+  as they are (the same function made them, so the bits are the same; tests force both ways).
 
 Products: on the CPU the grids go to float64 (the coefficient grid in two base-2**14 halves
 against the 21-bit grid: every partial sum an integer below 2**53); elsewhere the balanced
@@ -161,6 +162,7 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
         raise ValueError(f"token_logprobs_backward: d_weight reduces over T = {t} tokens, above the exact-sum "
                          f"bound 2**16 - 1 = {MAX_TOKENS}; call it per sequence (unit)")
     tau = _tau(temperature, dev)
+    kept: torch.Tensor | None = None
     s_all = _grad_scale(grad.to(torch.float32), tau)
     m_all = torch.zeros(t, dtype=torch.float32, device=dev)
     total_all = torch.ones(t, dtype=torch.float32, device=dev)
@@ -198,6 +200,7 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
             v1 = min(v0 + vs, v)
             c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, y - v0, finite)
         del z
+        kept = c if t1 - t0 == t else None  # one token chunk holds every token: pass B reuses its coefficients
         live = torch.isfinite(c)
         colmax = torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0))
         colbad |= ~live.all(dim=0)
@@ -223,7 +226,9 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
         acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
-        for t0 in range(0, t, tb):
+        if kept is not None:
+            acc += _product(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+        for t0 in range(0, t if kept is None else 0, tb):
             t1 = min(t0 + tb, t)
             xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
             _, _, z = next(_logit_blocks(xe, xd, xbad, weight[v0:v1], v1 - v0, tau))
