@@ -1,9 +1,10 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
 ``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd``, the ``exact_sum``
-ops and ``token_logprobs_backward`` (its logits are the generic digit GEMMs, its products exact digit
-GEMMs in int64; a fused Triton kernel comes with the performance work) run on the GPU as the device-generic implementations (integer ranking and Philox for ``sample``, the P10 exact
-superaccumulator for the RL reductions, R1 elementwise fp32 and the contract ``exp_c``): every
+ops and ``token_logprobs_backward`` (its logits and products are exact digit GEMMs combined in int64;
+a fused Triton kernel comes with the performance work) run on the GPU as the device-generic
+implementations (integer ranking and Philox for ``sample``, the P10 exact superaccumulator for the
+RL reductions, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
 contract's bits on CUDA as on the CPU. They are listed in ``KERNELS`` under this module, so the
 kernel that ran reads ``cuda:torch_exact.<op>`` (``rlkernel.dispatch.trace``), never a Triton
