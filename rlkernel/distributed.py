@@ -21,8 +21,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rlkernel import dispatch, grads
 from rlkernel.ops.all_reduce import check_integer
-from rlkernel.ops.linear import MAX_K, linear, linear_exponents, linear_finish, linear_partial
+from rlkernel.ops.linear import (
+    MAX_K,
+    _backward_bound,
+    _weight_grad,
+    linear,
+    linear_exponents,
+    linear_finish,
+    linear_partial,
+)
 
 __all__ = ["all_reduce_exact", "column_parallel_linear", "row_parallel_linear"]
 
@@ -137,6 +146,13 @@ def row_parallel_linear(x_shard: torch.Tensor, w_shard: torch.Tensor, bias: torc
     all-reduce SUM of int64 (exact in any order) -> ``linear_finish``. Three collectives: the
     shape check, MAX, SUM.
     """
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x_shard, w_shard, bias)):
+        return _RowParallel.apply(x_shard, w_shard, bias, out_dtype, group)  # type: ignore[no-any-return]
+    return _row_parallel(x_shard, w_shard, bias, out_dtype, group)
+
+
+def _row_parallel(x_shard: torch.Tensor, w_shard: torch.Tensor, bias: torch.Tensor | None,
+                  out_dtype: torch.dtype | None, group: object) -> torch.Tensor:
     name = "row_parallel_linear"
     _require_group(name, group)
     ex, ew = linear_exponents(x_shard, w_shard)  # validates dtypes and shapes
@@ -161,7 +177,7 @@ def row_parallel_linear(x_shard: torch.Tensor, w_shard: torch.Tensor, bias: torc
 
 
 def column_parallel_linear(x: torch.Tensor, w_shard: torch.Tensor, bias_shard: torch.Tensor | None = None,
-                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                           out_dtype: torch.dtype | None = None, group: object = None) -> torch.Tensor:
     """``linear`` with the output features N sharded across ranks (no communication).
 
     ``y_r = x @ w_shard_r.T + bias_shard_r``
@@ -175,6 +191,9 @@ def column_parallel_linear(x: torch.Tensor, w_shard: torch.Tensor, bias_shard: t
     bias_shard : Tensor, x dtype or float32, [N_r], optional
     out_dtype : torch.dtype, optional
         Default ``x.dtype``.
+    group : ProcessGroup, optional
+        The ranks holding the other shards: the backward's ``dX`` sums over all of them (exactly,
+        as :func:`row_parallel_linear`). None: one rank holds the whole weight.
 
     Returns
     -------
@@ -185,5 +204,77 @@ def column_parallel_linear(x: torch.Tensor, w_shard: torch.Tensor, bias_shard: t
     Contract ``linear`` v2: each output element depends only on its row of x and its row of the
     weight, so ``y_r`` is bitwise the matching column slice of the unsharded output, and
     gathering the slices (``torch.distributed.all_gather``, a copy) rebuilds it exactly.
+
+    Backward (with ``group``): ``dX = row_parallel_linear(RN(dY_r), w_shard_r.T)``, the exact
+    sum over the ranks' output features, bitwise the one-rank ``dX``; ``dW_r`` and ``db_r`` are
+    the matching rows of the one-rank gradients (per sequence unit, exact sums).
     """
+    if group is not None and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, w_shard, bias_shard)):
+        return _ColumnParallel.apply(x, w_shard, bias_shard, out_dtype, group)  # type: ignore[no-any-return]
     return linear(x, w_shard, bias_shard, out_dtype)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+class _RowParallel(torch.autograd.Function):
+    """Autograd of :func:`row_parallel_linear`: dY is whole on every rank, so every gradient is local.
+
+    ``dX_r = linear(RN(dY), w_shard_r.T)``; ``dW_r`` per sequence unit ``linear(RN(dY_u).T, x_r,u.T)``
+    summed exactly (the matching columns of the one-rank dW); ``db`` the exact token sum of dY,
+    equal on every rank (the bias is whole on each).
+    """
+
+    @staticmethod
+    def forward(ctx, x_shard, w_shard, bias, out_dtype, group):  # type: ignore[no-untyped-def,override]
+        x2 = _rows(x_shard)
+        ctx.save_for_backward(x2, w_shard, bias)
+        ctx.x_shape = x_shard.shape
+        ctx.units = grads.current_units(x2.shape[0])
+        y = _row_parallel(x2, w_shard, bias, out_dtype, group)
+        return y.reshape(*x_shard.shape[:-1], w_shard.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        x2, w_shard, bias = ctx.saved_tensors
+        grad = _rows(grad)
+        gy = grad.to(x2.dtype)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            _backward_bound("dX = dY @ weight", "N (output features)", gy.shape[1])
+            gx = dispatch.call("linear", gy.device, x=gy, weight=w_shard.T, bias=None, out_dtype=x2.dtype)
+            gx = gx.reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            gw = _weight_grad(w_shard, gy, x2, ctx.units)
+        if ctx.needs_input_grad[2]:
+            gb = grads.weight_grad(bias, grad.to(torch.float32))
+        return gx, gw, gb, None, None
+
+
+class _ColumnParallel(torch.autograd.Function):
+    """Autograd of :func:`column_parallel_linear` over ``group`` (see its docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, w_shard, bias, out_dtype, group):  # type: ignore[no-untyped-def,override]
+        x2 = _rows(x)
+        ctx.save_for_backward(x2, w_shard, bias)
+        ctx.x_shape, ctx.group = x.shape, group
+        ctx.units = grads.current_units(x2.shape[0])
+        y = dispatch.call("linear", x2.device, x=x2, weight=w_shard, bias=bias, out_dtype=out_dtype)
+        return y.reshape(*x.shape[:-1], w_shard.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        x2, w_shard, bias = ctx.saved_tensors
+        grad = _rows(grad)
+        gy = grad.to(x2.dtype)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _row_parallel(gy, w_shard.T, None, x2.dtype, ctx.group).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            gw = _weight_grad(w_shard, gy, x2, ctx.units)
+        if ctx.needs_input_grad[2]:
+            gb = grads.weight_grad(bias, grad.to(torch.float32))
+        return gx, gw, gb, None, None

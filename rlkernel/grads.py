@@ -161,9 +161,10 @@ class ExactGradients:
     Memory: 160 bytes per parameter element while accumulating (the P10 state), on the
     parameter's device. As with Megatron's ``main_grad`` fusion, a weight's gradient is
     deposited whenever the op's backward runs: ``torch.autograd.grad`` with respect to
-    activations only still adds to the accumulators of the weights on the way. Every parameter must be reached only through rlkernel ops whose
-    backward calls :func:`weight_grad`; a gradient that reaches ``.grad`` through plain autograd
-    is refused by :meth:`finish` (it would have been added in floating point).
+    activations only still adds to the accumulators of the weights on the way. Every parameter
+    must be reached only through rlkernel ops whose backward calls :func:`weight_grad`; a
+    gradient that reaches ``.grad`` through plain autograd is refused by :meth:`finish` (it
+    would have been added in floating point).
     """
 
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
@@ -178,13 +179,24 @@ class ExactGradients:
             p.grad = None
 
     def finish(self) -> None:
-        """Round each accumulated gradient once: ``param.main_grad = RN32(exact sum)`` (fp32)."""
+        """Round each accumulated gradient once: ``param.main_grad = RN32(exact sum)`` (fp32).
+
+        A parameter with a ``grad_reduce_group`` attribute (a replicated weight whose uses are
+        split over tensor-parallel ranks, e.g. the q/k norm gains of sharded heads) first has
+        its state summed over that group: an int64 all-reduce, exact in any order.
+        """
+        from rlkernel.distributed import all_reduce_exact
+
         for p in self.params:
             if p.grad is not None:
                 raise RuntimeError(f"ExactGradients: a parameter of shape {tuple(p.shape)} received a .grad through "
                                    f"plain autograd (an op without an exact weight gradient used it); its sum "
                                    f"would not be exact. Use rlkernel ops for every use of the parameter")
-            p.main_grad = exact_sum_finish(p.exact_grad)  # type: ignore[attr-defined]
+            state = p.exact_grad  # type: ignore[attr-defined]
+            group = getattr(p, "grad_reduce_group", None)
+            if group is not None:
+                state = all_reduce_exact(state.clone(), "sum", group)  # canonical limbs < 2**16: no overflow
+            p.main_grad = exact_sum_finish(state)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
         """Detach the accumulators (plain autograd again)."""

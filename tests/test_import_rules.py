@@ -18,7 +18,7 @@ PRODUCT_RULE = "the product never imports the reference (rlkernel.*, except rlke
 ROOT_RULE = "the package root never imports the reference"
 SUITE_RULE = "only the CLI starts the conformance suite"
 BACKEND_RULE = "backends never import the contracts (no reference in a backend)"
-LAYER_RULE = "above the ops, one direction: validate -> rollout | rl -> model -> nn -> ops"
+LAYER_RULE = "above the ops, one direction: validate -> train -> rollout | rl -> model -> nn -> ops"
 
 
 def _linter() -> ModuleType:

@@ -15,7 +15,8 @@
 # RLK_LIMIT_{PARTS,GENERIC,PYTEST,CUDA,ACCURACY,VALIDATE,BENCH} set the limits in
 # seconds (0 skips a step; the defaults add up to 11.5 minutes, lower them to fit one call) and
 # RLK_BENCH_OPS="--op rms_norm ..." narrows the benchmark; RLK_VALIDATE_RUNS="args\nargs" runs
-# `rlkernel validate` once per line.
+# `rlkernel validate` once per line; RLK_OP_GROUPS / RLK_GENERIC_OPS narrow the conformance runs;
+# RLK_COMMANDS="name|seconds|command" lines run after validate ($WORK, $PY and rlkernel available).
 #
 # Step outputs go to $WORK/<step>.log and report folders under $WORK; after every step $WORK is
 # packed into $OUT/results.tgz (the device tool returns at most 8 files), and $OUT/summary.txt
@@ -28,6 +29,7 @@ REPO="$(pwd)"
 STAGE="${RLK_STAGE:-/tmp/rlk}"
 PY="${PYTHON:-python3} -P"  # -P: the repository root (cwd) must not shadow the staged package
 mkdir -p "$OUT"
+export WORK PY
 rm -rf "$WORK"; mkdir -p "$WORK"
 
 # ---- staging: /tmp/rlk/rlkernel = rlkernel/* + contracts, backends, conformance --------------
@@ -74,6 +76,8 @@ step env 40 bash -c "nvidia-smi; $PY -c 'import torch, triton, sys; print(sys.ve
 # fill Triton's cache, JIT compilation being most of a cold run), the generic suite and the GPU tests
 OP_GROUPS=("linear" "token_logprobs" "attention" "embedding rms_norm rope silu_mul softmax log_softmax"
         "all_reduce sample group_advantages ppo_loss kl_k3 masked_mean adamw sgd")
+# RLK_OP_GROUPS="a b;c;d e" replaces the groups (';' between groups)
+if [ -n "${RLK_OP_GROUPS:-}" ]; then IFS=';' read -r -a OP_GROUPS <<< "$RLK_OP_GROUPS"; fi
 if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
     for i in "${!OP_GROUPS[@]}"; do
         ops=""
@@ -81,7 +85,9 @@ if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
         step "cuda_part$i" "${RLK_LIMIT_PARTS:-250}" rlkernel conformance --backend cuda --device cuda --full $ops --out "$WORK/cuda-part$i" &
     done
 fi
-[ "${RLK_LIMIT_GENERIC:-250}" != 0 ] && step conformance_generic "${RLK_LIMIT_GENERIC:-250}" rlkernel conformance --backend generic --device cuda --full --out "$WORK/generic" &
+GENERIC_OPS=""
+for op in ${RLK_GENERIC_OPS:-}; do GENERIC_OPS="$GENERIC_OPS --op $op"; done
+[ "${RLK_LIMIT_GENERIC:-250}" != 0 ] && step conformance_generic "${RLK_LIMIT_GENERIC:-250}" rlkernel conformance --backend generic --device cuda --full $GENERIC_OPS --out "$WORK/generic" &
 [ "${RLK_LIMIT_PYTEST:-250}" != 0 ] && step pytest_gpu "${RLK_LIMIT_PYTEST:-250}" $PY -m pytest -m gpu tests -q -p no:cacheprovider -rfE &
 wait
 # the op groups' reports as one report of the whole suite (refused if they overlap or differ in commit)
@@ -100,5 +106,10 @@ while IFS= read -r args; do
     step "validate_$n" "${RLK_LIMIT_VALIDATE:-300}" rlkernel validate $args --out "$WORK/validate-$n"
     n=$((n + 1))
 done <<< "${RLK_VALIDATE_RUNS:-}"
+# RLK_COMMANDS: one "name|seconds|command" per line, run in order after validate (e.g. the GRPO run)
+while IFS='|' read -r name limit cmd; do
+    [ -z "$name" ] && continue
+    step "$name" "$limit" bash -c "$cmd"
+done <<< "${RLK_COMMANDS:-}"
 [ "${RLK_LIMIT_BENCH:-150}" != 0 ] && step bench "${RLK_LIMIT_BENCH:-150}" rlkernel bench --device cuda --out "$WORK/bench" ${RLK_BENCH_OPS:-}
 cat "$SUMMARY"

@@ -50,8 +50,8 @@ def main() -> None:
     from rlkernel.model import Qwen3ForCausalLM
     from rlkernel.model.config import Qwen3Config
     from rlkernel.rl import AdamW, clip_grad_norm_, ppo_loss
-    from rlkernel.rl.grpo import completion_logprobs
-    from rlkernel.rl.tasks import init_weights_
+    from rlkernel.train.grpo import completion_logprobs
+    from rlkernel.train.tasks import init_weights_
     from rlkernel.validate.models import CONFIGS
 
     cfg = {k: v for k, v in CONFIGS[args.config].items() if k != "init_std"}

@@ -68,6 +68,9 @@ class Qwen3Attention(nn.Module):
                                         group, dtype, device)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device)
+        if tp > 1:  # each rank normalises its own heads: the gains' gradients add over the ranks
+            self.q_norm.weight.grad_reduce_group = group  # type: ignore[attr-defined]
+            self.k_norm.weight.grad_reduce_group = group  # type: ignore[attr-defined]
         self.rotary_emb = RotaryEmbedding(d, config.rope_theta, config.max_position_embeddings)
         self.attn = Attention(self.num_heads, self.num_kv_heads, d)
 

@@ -162,7 +162,7 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, 0, group, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel_linear(x, self.weight, self.bias)
+        return column_parallel_linear(x, self.weight, self.bias, group=self.group if self.tp_size > 1 else None)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

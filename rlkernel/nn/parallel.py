@@ -93,11 +93,30 @@ def combine_owned(x: torch.Tensor, group: object) -> torch.Tensor:
     (:func:`rlkernel.distributed.all_reduce_exact`); since all but one term are 0 the sum is
     the owner's pattern, whatever the reduction order or TP degree.
     """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _CombineOwned.apply(x, group)  # type: ignore[no-any-return]
+    return _combine(x, group)
+
+
+def _combine(x: torch.Tensor, group: object) -> torch.Tensor:
     size = x.element_size()
     as_int = _INT_OF_SIZE[size]
-    wide = x.contiguous().view(as_int).to(torch.int64)
+    wide = x.detach().contiguous().view(as_int).to(torch.int64)
     total = all_reduce_exact(wide, "sum", group)
     return total.to(as_int).view(x.dtype)
+
+
+class _CombineOwned(torch.autograd.Function):
+    """Autograd of :func:`combine_owned`: the output is the sum of the contributions, so each
+    rank's contribution receives the whole (replicated) output gradient, unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[no-untyped-def,override]
+        return _combine(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        return grad, None
 
 
 def max_fp32(x: torch.Tensor, group: object) -> torch.Tensor:

@@ -61,14 +61,19 @@ def _raw_limbs(rows: torch.Tensor) -> torch.Tensor:
 def normalize_limbs(x: torch.Tensor) -> torch.Tensor:
     """Carry-propagate limbs ``[..., 17]``: limbs 0..15 into [0, 2**16), the rest into limb 16.
 
-    Exact (floor shifts) as long as no limb exceeds 2**62 in magnitude.
+    Exact (floor shifts) as long as no limb exceeds 2**62 in magnitude. Every limb passes its
+    carry up at once, repeated until no limb below the top carries (a few passes for sums of
+    normalised states; a carry ripples one limb per pass): the canonical form is unique, so this equals a ripple from
+    limb 0 up.
     """
     x = x.clone()
     mask = (1 << LIMB_BITS) - 1
-    for i in range(NUM_LIMBS):
-        c = x[..., i] >> LIMB_BITS
-        x[..., i] = x[..., i] & mask
-        x[..., i + 1] += c
+    while True:  # ends: each pass leaves limbs 0..15 below 2**16 plus the carry they received
+        c = x[..., :NUM_LIMBS] >> LIMB_BITS
+        if not bool((c != 0).any()):
+            break
+        x[..., :NUM_LIMBS] &= mask
+        x[..., 1:NUM_LIMBS + 1] += c
     return x
 
 
