@@ -61,10 +61,29 @@ matching ``d_hidden`` row and every ``d_weight`` row whose column of c holds it 
 ``grad_t`` (masked token) gives ``+-0`` coefficients: ``d_hidden[t] = +0`` and no contribution to
 ``d_weight``.
 
+The sharded form (vocabulary split into contiguous shards, as ``token_logprobs_partial`` takes them)
+----------------------------------------------------------------------------------------------------
+Given the forward's all-reduced ``m`` (MAX of phase 1) and ``S`` (SUM of phase 2's ``sum_int``):
+
+* phase 1: ``token_logprobs_backward_partial(grad, h, W_s, y, start_s, m, S)`` returns
+  ``(ec_s, ew_s)``: the exponents of the shard's coefficient rows and of its weight columns
+  (``linear_exponents`` rules: -149 for all-zero, 2**20 for non-finite); all-reduce MAX gives the
+  global ``ec``, ``ew`` of step 5. Each shard makes the coefficients of its own rows from the
+  global ``m`` and ``S``; the target's ``a_y`` is made by the shard that owns ``y_t``.
+* phase 2: ``token_logprobs_backward_partial(..., exponents=(ec, ew))`` returns ``(hi_s, lo_s,
+  d_weight_s)``: the two words of the shard's exact part of ``D`` on the global grids and the
+  shard's rows of ``d_weight`` (final: a vocabulary row's gradient needs no other shard; its
+  exponents are over tokens, the hidden channels' too, so they are the same on every shard).
+* transport: all-reduce SUM of ``hi`` and ``lo`` (int64, exact in any order; ``|hi|, |lo| <
+  2**62`` for any number of shards of a vocabulary <= 2**22).
+* ``token_logprobs_backward_finish(hi, lo, ec, ew, out_dtype)``: step 5's single rounding. The bits
+  of ``d_hidden`` for any number of shards; the concatenated ``d_weight_s`` are ``d_weight``.
+
 Invariances: ``d_hidden[t]`` depends only on (grad_t, h_t, y_t, W, tau): batch, chunking and
-permutation of tokens cannot change it; ``d_weight`` depends on the multiset of this call's
-tokens (permuting tokens leaves it alone); permuting the vocabulary permutes ``d_weight``'s rows
-and leaves ``d_hidden`` alone; permuting the hidden channels permutes both outputs' columns.
+permutation of tokens cannot change it, nor can TP shards 1/2/4 (either output); ``d_weight``
+depends on the multiset of this call's tokens (permuting tokens leaves it alone); permuting the
+vocabulary permutes ``d_weight``'s rows and leaves ``d_hidden`` alone; permuting the hidden
+channels permutes both outputs' columns.
 """
 
 from __future__ import annotations
@@ -74,6 +93,7 @@ from typing import Any
 import torch
 
 from . import linear as _linear
+from . import token_logprobs as _tl
 from ._contract import BenchCase, Case, Contract, InvarianceCase, Runner
 from ._exact.fixed import F_SUM, quantize
 from ._exact.fp32 import canonicalize, int2_to_float, int_to_fp32, ldexp_c, max_r5
@@ -86,9 +106,11 @@ CONTRACT = Contract(
     version=1,
     summary="c = RN32(RN32(grad/tau) * (onehot - p/L)) in fp32; d_hidden = linear_v2(c, W.T) over V (exact, "
             "wide); d_weight = linear_v2(c.T, h.T) over this call's tokens, fp32",
-    invariances=("batch", "permutation", "reduction_order", "repeat"),
+    invariances=("batch", "permutation", "reduction_order", "tp_degree", "repeat"),
     dtypes={"grad": (torch.float32,), "hidden": (torch.bfloat16, torch.float16),
-            "weight": (torch.bfloat16, torch.float16), "targets": (torch.int64,)},
+            "weight": (torch.bfloat16, torch.float16), "weight_shard": (torch.bfloat16, torch.float16),
+            "targets": (torch.int64,), "row_max": (torch.float32,), "sum_int": (torch.int64,),
+            "hi": (torch.int64,), "lo": (torch.int64,), "ec": (torch.int64,), "ew": (torch.int64,)},
     parameters={
         "forward_rules": "z, m, p = exp_c(z - m), P = RNE(p 2**40), S and L = ldexp_c(int_to_fp32(S), -40) exactly "
                          "as token_logprobs v2 (28/21-bit logits, one division by fp32(tau), R5 max)",
@@ -115,6 +137,10 @@ CONTRACT = Contract(
         "weight_rounding": "d_weight = RN32(C 2**(ec + eh - 47)): one rounding to fp32 per call (the unit; "
                            "T <= 2**16 - 1 tokens keep |C| < 2**63, more raises ValueError)",
         "subnormal_results": "results in the output's subnormal range are kept (rounded once), not flushed",
+        "shard_rules": "vocabulary shards: each makes the coefficients of its rows from the global m and S (the "
+                       "target's a_y on its owner only); phase 1 returns linear_exponents of its c rows and W columns "
+                       "(-149 all-zero, 2**20 non-finite) for an all-reduce MAX; phase 2 the two words of its exact "
+                       "part of D on the global grids (SUM) and its own d_weight rows",
     },
 )
 
@@ -127,44 +153,68 @@ VOCAB_CHUNK = _linear.MAX_K
 WORD_SHIFT = 32
 
 
-def coefficients(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                 temperature: float = 1.0) -> torch.Tensor:
-    """Steps 1-4: the coefficients ``c`` [T, V], float32."""
-    z = _logits(hidden, weight, temperature)
-    m = max_r5(z, dim=-1)
+def _shard_coefficients(grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
+                        vocab_start: int, m: torch.Tensor, s_int: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Steps 2-4 for the vocabulary rows ``vocab_start ..`` of ``weight_shard``, given the global row
+    max ``m`` and the global grid sum ``S``: the coefficients [T, Vs], float32."""
+    z = _logits(hidden, weight_shard, temperature)
     finite = torch.isfinite(m)
     m0 = torch.where(finite, m, torch.zeros_like(m))
     p = exp_c(z - m0.unsqueeze(-1))
     p = torch.where(finite.unsqueeze(-1), p, torch.zeros_like(p))  # rows with a non-finite max: NaN below
-    big_p = quantize(p, torch.zeros((), dtype=torch.int64), F_SUM)
-    s_int = big_p.sum(dim=-1)
     total = ldexp_c(int_to_fp32(s_int), torch.full_like(s_int, -F_SUM))
     total = torch.where(finite, total, torch.ones_like(total))
     q = p / total.unsqueeze(-1)
-    rest = s_int - big_p.gather(1, targets.view(-1, 1)).view(-1)
+    local = targets - vocab_start
+    owner = (local >= 0) & (local < weight_shard.shape[0])
+    idx = local.clamp(0, weight_shard.shape[0] - 1).view(-1, 1)
+    rest = s_int - quantize(p.gather(1, idx).view(-1), torch.zeros((), dtype=torch.int64), F_SUM)
     a_y = ldexp_c(int_to_fp32(rest), torch.full_like(rest, -F_SUM)) / total
-    a = (-q).scatter(1, targets.view(-1, 1), a_y.view(-1, 1))
+    a = torch.where(owner.unsqueeze(-1) & (torch.arange(z.shape[1]).unsqueeze(0) == idx), a_y.unsqueeze(-1), -q)
     tau = torch.tensor(temperature, dtype=torch.float32)
     s = grad.to(torch.float32) / tau
     c = s.unsqueeze(-1) * a
     return canonicalize(torch.where(finite.unsqueeze(-1), c, torch.full_like(c, float("nan"))))
 
 
-def _wide_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``linear`` v2 of x [M, K] and w [N, K] for any K: the exact sum over K carried in two int64
-    words (chunks of :data:`VOCAB_CHUNK`), rounded once to ``out_dtype``."""
-    ex, ew = _linear.reference_exponents(x, w)
+def coefficients(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """Steps 1-4: the coefficients ``c`` [T, V], float32 (one shard holding the whole vocabulary)."""
+    z = _logits(hidden, weight, temperature)
+    m = max_r5(z, dim=-1)
+    finite = torch.isfinite(m)
+    p = exp_c(z - torch.where(finite, m, torch.zeros_like(m)).unsqueeze(-1))
+    p = torch.where(finite.unsqueeze(-1), p, torch.zeros_like(p))
+    s_int = quantize(p, torch.zeros((), dtype=torch.int64), F_SUM).sum(dim=-1)
+    return _shard_coefficients(grad, hidden, weight, targets, 0, m, s_int, temperature)
+
+
+def _finish_words(hi: torch.Tensor, lo: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """``RN_out((hi 2**32 + lo) 2**(ex + ew - 47))`` once; NaN where ``ex`` or ``ew`` is the sentinel."""
+    bad = (ex == _linear.SENTINEL).unsqueeze(1) | (ew == _linear.SENTINEL).unsqueeze(0)
+    ex0 = torch.where(ex == _linear.SENTINEL, torch.zeros_like(ex), ex)
+    ew0 = torch.where(ew == _linear.SENTINEL, torch.zeros_like(ew), ew)
+    y = int2_to_float(hi, lo, WORD_SHIFT, ex0.unsqueeze(1) + ew0.unsqueeze(0) - C_BITS - O_BITS, out_dtype)
+    return canonicalize(torch.where(bad, torch.full_like(y, float("nan")), y))
+
+
+def _words(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact ``X @ Wt.T`` over K of any length on the grids ``ex``/``ew``, as two int64 words."""
     hi = torch.zeros((x.shape[0], w.shape[0]), dtype=torch.int64)
     lo = torch.zeros_like(hi)
     for k0 in range(0, x.shape[1], VOCAB_CHUNK):
         part = _linear.reference_partial(x[:, k0:k0 + VOCAB_CHUNK], w[:, k0:k0 + VOCAB_CHUNK], ex, ew)
         hi += part >> WORD_SHIFT
         lo += part & ((1 << WORD_SHIFT) - 1)
-    bad = (ex == _linear.SENTINEL).unsqueeze(1) | (ew == _linear.SENTINEL).unsqueeze(0)
-    ex0 = torch.where(ex == _linear.SENTINEL, torch.zeros_like(ex), ex)
-    ew0 = torch.where(ew == _linear.SENTINEL, torch.zeros_like(ew), ew)
-    y = int2_to_float(hi, lo, WORD_SHIFT, ex0.unsqueeze(1) + ew0.unsqueeze(0) - C_BITS - O_BITS, out_dtype)
-    return canonicalize(torch.where(bad, torch.full_like(y, float("nan")), y))
+    return hi, lo
+
+
+def _wide_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``linear`` v2 of x [M, K] and w [N, K] for any K: the exact sum over K carried in two int64
+    words (chunks of :data:`VOCAB_CHUNK`), rounded once to ``out_dtype``."""
+    ex, ew = _linear.reference_exponents(x, w)
+    return _finish_words(*_words(x, w, ex, ew), ex, ew, out_dtype)
 
 
 def reference(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -211,7 +261,109 @@ def reference(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, ta
     return d_hidden, d_weight
 
 
-REFERENCES = {"token_logprobs_backward": reference}
+def reference_partial(grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
+                      vocab_start: int, row_max: torch.Tensor, sum_int: torch.Tensor, temperature: float = 1.0,
+                      exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      need_weight: bool = True) -> tuple[torch.Tensor | None, ...]:
+    """One vocabulary shard's part of :func:`reference` (tensor parallelism over the vocabulary).
+
+    Parameters
+    ----------
+    grad, hidden, targets, temperature
+        As in :func:`reference` (the same on every shard; targets are global ids).
+    weight_shard : Tensor, hidden's dtype, [Vs, H]: rows ``vocab_start ..`` of the LM head.
+    vocab_start : int
+    row_max : Tensor, float32, [T]: the forward's global row max (R5 MAX of
+        ``token_logprobs_partial`` phase 1 over the shards).
+    sum_int : Tensor, int64, [T]: the forward's global grid sum (SUM of phase 2's ``sum_int``).
+    exponents : tuple (ec int64 [T], ew int64 [H]), optional
+        Phase 2: the all-reduce MAX over the shards of phase 1's outputs.
+    need_weight : bool
+
+    Returns
+    -------
+    Phase 1: ``(ec, ew)``: the exponents of this shard's coefficient rows and weight columns
+    (``linear_exponents`` rules: -149 for an all-zero row, 2**20 for a non-finite one).
+    Phase 2: ``(hi, lo, d_weight_shard)``: the two int64 words of this shard's exact part of
+    ``D = sum_v X_tv Wt_dv`` on the global grids, and this shard's rows of ``d_weight`` (fp32,
+    or None) -- final, since a vocabulary row's gradient needs no other shard.
+
+    Bitwise semantics
+    -----------------
+    Steps 2-6 of the module docstring on the shard's rows, with the global ``m`` and ``S`` (the
+    target's coefficient is made by the shard that owns it). All-reduce SUM ``hi`` and ``lo`` as
+    int64 (exact in any order), then :func:`reference_finish`: the bits of :func:`reference`'s
+    ``d_hidden`` for any number of shards; the concatenated ``d_weight_shard`` are its ``d_weight``.
+    Contract ``token_logprobs_backward`` version 1.
+    """
+    m = row_max.to(torch.float32)
+    c = _shard_coefficients(grad, hidden, weight_shard, targets, vocab_start, m, sum_int, temperature)
+    if exponents is None:
+        return _linear.reference_exponents(c, weight_shard.T)
+    finite = torch.isfinite(m)
+    z = _logits(hidden, weight_shard, temperature)
+    if bool((finite.unsqueeze(-1) & ~(z <= torch.where(finite, m, torch.zeros_like(m)).unsqueeze(-1))).any()):
+        raise ValueError("token_logprobs_backward_partial: row_max is below a logit of this shard (or a logit is NaN "
+                         "while row_max is finite); pass the R5 max over all shards of token_logprobs_partial's "
+                         "phase 1")
+    ec, ew = exponents
+    hi, lo = _words(c, weight_shard.T, ec, ew)
+    d_weight = _linear.reference(c.T, hidden.T, out_dtype=torch.float32) if need_weight else None
+    return hi, lo, d_weight
+
+
+def reference_finish(hi: torch.Tensor, lo: torch.Tensor, ec: torch.Tensor, ew: torch.Tensor,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    """``d_hidden = RN_out((hi 2**32 + lo) 2**(ec + ew - 47))`` from the all-reduced words.
+
+    Parameters
+    ----------
+    hi, lo : Tensor, int64, [T, H]: SUM over the shards of phase 2's words (|hi|, |lo| < 2**62).
+    ec : Tensor, int64, [T]; ew : Tensor, int64, [H]: the global exponents.
+    out_dtype : torch.dtype: hidden's dtype.
+
+    Returns
+    -------
+    Tensor, out_dtype, [T, H]
+
+    Bitwise semantics
+    -----------------
+    One rounding of the exact value (P3' of a two-word integer), NaN where ``ec`` or ``ew`` is the
+    sentinel 2**20, canonical NaN. Contract ``token_logprobs_backward`` version 1.
+    """
+    return _finish_words(hi, lo, ec, ew, out_dtype)
+
+
+REFERENCES = {
+    "token_logprobs_backward": reference,
+    "token_logprobs_backward_partial": reference_partial,
+    "token_logprobs_backward_finish": reference_finish,
+}
+
+
+# --- simulated tensor parallelism ---------------------------------------------------------------
+
+def sharded(run: Runner, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+            temperature: float, shards: int) -> tuple[Any, Any]:
+    """``token_logprobs_backward`` through ``shards`` vocabulary shards: the forward's phase 1 (MAX) and
+    phase 2 (SUM of sum_int), backward phase 1 (MAX of exponents), phase 2 (SUM of the words), finish."""
+    bounds = _tl.shard_bounds(weight.shape[0], shards)
+
+    def part(op: str, a: int, b: int, **kw: Any) -> Any:
+        return run(op, hidden=hidden, weight_shard=weight[a:b], targets=targets, vocab_start=a,
+                   temperature=temperature, **kw)
+
+    m = _tl.max_over_shards([part("token_logprobs_partial", a, b) for a, b in bounds])
+    s_int = torch.stack([part("token_logprobs_partial", a, b, row_max=m)[0] for a, b in bounds]).sum(dim=0)
+    exps = [part("token_logprobs_backward_partial", a, b, grad=grad, row_max=m, sum_int=s_int) for a, b in bounds]
+    ec = torch.stack([e[0] for e in exps]).amax(dim=0)
+    ew = torch.stack([e[1] for e in exps]).amax(dim=0)
+    words = [part("token_logprobs_backward_partial", a, b, grad=grad, row_max=m, sum_int=s_int, exponents=(ec, ew))
+             for a, b in bounds]
+    hi = torch.stack([w[0] for w in words]).sum(dim=0)
+    lo = torch.stack([w[1] for w in words]).sum(dim=0)
+    d_hidden = run("token_logprobs_backward_finish", hi=hi, lo=lo, ec=ec, ew=ew, out_dtype=hidden.dtype)
+    return d_hidden, torch.cat([w[2] for w in words])
 
 
 # --- conformance cases ------------------------------------------------------------------------
@@ -241,7 +393,58 @@ def golden_cases() -> list[Case]:
         _golden("bf16_t33_h96_v2053_tau1.3", 33, 96, 2053, torch.bfloat16, 1.3, w_std=0.5),
         _golden("bf16_t1_h256_v2048", 1, 256, 2048, torch.bfloat16, w_std=0.05),
         _golden("bf16_t64_h512_v32000", 64, 512, 32000, torch.bfloat16, full_only=True),
+        Case("partial_phase1_bf16", "golden", lambda: _partial_inputs("partial_phase1_bf16", 1),
+             op="token_logprobs_backward_partial"),
+        Case("partial_phase2_bf16", "golden", lambda: _partial_inputs("partial_phase2_bf16", 2),
+             op="token_logprobs_backward_partial"),
+        Case("finish_bf16", "golden", lambda: _finish_inputs("finish_bf16", torch.bfloat16),
+             op="token_logprobs_backward_finish"),
+        Case("finish_fp16", "golden", lambda: _finish_inputs("finish_fp16", torch.float16),
+             op="token_logprobs_backward_finish"),
     ]
+
+
+def _forward_stats(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's global ``(row_max, sum_int)`` (what token_logprobs_partial's all-reduces give)."""
+    z = _logits(hidden, weight, temperature)
+    m = max_r5(z, dim=-1)
+    finite = torch.isfinite(m)
+    p = exp_c(z - torch.where(finite, m, torch.zeros_like(m)).unsqueeze(-1))
+    p = torch.where(finite.unsqueeze(-1), p, torch.zeros_like(p))
+    return m, quantize(p, torch.zeros((), dtype=torch.int64), F_SUM).sum(dim=-1)
+
+
+def _partial_inputs(name: str, phase: int) -> dict[str, Any]:
+    """Rows 250..519 of a 700-row head; row 2's hidden holds a NaN, row 4's grad is 0, rows 0-5 target the
+    shard, the rest other shards."""
+    base = _inputs(name, 12, 48, 700, torch.bfloat16, 0.8)
+    h = base["hidden"].clone()
+    h[2, 7] = float("nan")
+    base["grad"][4] = 0.0  # an all-zero coefficient row: exponent -149
+    y = base["targets"].clone()
+    y[:6] = torch.tensor([250, 300, 400, 519, 260, 261])
+    y[6:] = torch.tensor([0, 249, 520, 699, 10, 600])
+    m, s_int = _forward_stats(h, base["weight"], 0.8)
+    out: dict[str, Any] = {"grad": base["grad"], "hidden": h, "weight_shard": base["weight"][250:520], "targets": y,
+                           "vocab_start": 250, "row_max": m, "sum_int": s_int, "temperature": 0.8}
+    if phase == 2:
+        c = coefficients(base["grad"], h, base["weight"], y, 0.8)
+        out["exponents"] = _linear.reference_exponents(c, base["weight"].T)
+    return out
+
+
+def _finish_inputs(name: str, dtype: torch.dtype) -> dict[str, Any]:
+    """Words of either sign and both magnitudes (|hi| up to 2**40), exponents spanning the output range,
+    a zero row (-149) and a sentinel row and column."""
+    seed = seed_of("token_logprobs_backward", name)
+    t, h = 6, 10
+    hi = integers(seed, (t, h), -(1 << 40), 1 << 40)
+    hi[0] = 0
+    lo = integers(seed + 1, (t, h), 0, 1 << 32)
+    ec = torch.tensor([-149, 0, -20, 5, -60, 1 << 20], dtype=torch.int64)
+    ew = integers(seed + 2, (h,), -30, 3)
+    ew[4] = 1 << 20
+    return {"hi": hi, "lo": lo, "ec": ec, "ew": ew, "out_dtype": dtype}
 
 
 def _vocab_beyond_int64() -> dict[str, Any]:
@@ -500,13 +703,25 @@ def _check_repeat(run: Runner) -> tuple[Any, Any]:
     return _run(run, a), _run(run, a)
 
 
+def _check_tp(shards: int, run: Runner) -> tuple[Any, Any]:
+    """TP=1 vs ``shards`` vocabulary shards (forward partials, backward phases, exact all-reduces, finish);
+    a NaN hidden row travels through the shards too."""
+    a = _inv(f"inv_tp{shards}")
+    h = a["hidden"].clone()
+    h[2, 7] = float("nan")
+    whole = _run(run, a, hidden=h)
+    return whole, sharded(run, a["grad"], h, a["weight"], a["targets"], a["temperature"], shards)
+
+
 def invariance_cases() -> list[InvarianceCase]:
-    """Batch (d_hidden), permutation of tokens, vocabulary and hidden order, repeat."""
+    """Batch (d_hidden), permutation of tokens, vocabulary and hidden order, TP 2 and 4, repeat."""
     return [
         InvarianceCase("batch_row_alone_vs_in_7", "batch", _check_batch),
         InvarianceCase("permutation_tokens", "permutation", _check_permutation),
         InvarianceCase("reduction_order_vocab", "reduction_order", _check_vocab_order),
         InvarianceCase("reduction_order_hidden", "reduction_order", _check_hidden_order),
+        InvarianceCase("tp2_vocab_shards", "tp_degree", lambda run: _check_tp(2, run)),
+        InvarianceCase("tp4_vocab_shards", "tp_degree", lambda run: _check_tp(4, run)),
         InvarianceCase("repeat", "repeat", _check_repeat),
     ]
 

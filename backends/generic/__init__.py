@@ -32,6 +32,8 @@ KERNELS = {
     "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
     "token_logprobs_backward": "token_logprobs_backward:token_logprobs_backward",
+    "token_logprobs_backward_partial": "token_logprobs_backward:token_logprobs_backward_partial",
+    "token_logprobs_backward_finish": "token_logprobs_backward:token_logprobs_backward_finish",
     "attention": "attention:attention",
     "attention_paged": "attention:attention_paged",
     "all_reduce": "all_reduce:all_reduce",

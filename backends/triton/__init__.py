@@ -39,6 +39,8 @@ KERNELS: dict[str, str] = {
     "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
     "token_logprobs_backward": "torch_exact:token_logprobs_backward",
+    "token_logprobs_backward_partial": "torch_exact:token_logprobs_backward_partial",
+    "token_logprobs_backward_finish": "torch_exact:token_logprobs_backward_finish",
     "softmax": "softmax:softmax",
     "log_softmax": "softmax:log_softmax",
     "sample": "torch_exact:sample",

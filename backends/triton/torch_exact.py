@@ -1,8 +1,9 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
 ``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd``, the ``exact_sum``
-ops and ``token_logprobs_backward`` (its logits and products are exact digit GEMMs combined in int64;
-a fused Triton kernel comes with the performance work) run on the GPU as the device-generic
+ops and ``token_logprobs_backward`` with its sharded sub-ops (logits and products as exact digit
+GEMMs combined in int64; a fused Triton kernel comes with the performance work) run on the GPU as
+the device-generic
 implementations (integer ranking and Philox for ``sample``, the P10 exact superaccumulator for the
 RL reductions, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
@@ -18,7 +19,12 @@ from rlkernel.backends.generic.exact_sum import exact_sum_finish, exact_sum_merg
 from rlkernel.backends.generic.optim import adamw, sgd
 from rlkernel.backends.generic.rl import group_advantages, masked_mean, ppo_loss
 from rlkernel.backends.generic.sample import sample
-from rlkernel.backends.generic.token_logprobs_backward import token_logprobs_backward
+from rlkernel.backends.generic.token_logprobs_backward import (
+    token_logprobs_backward,
+    token_logprobs_backward_finish,
+    token_logprobs_backward_partial,
+)
 
 __all__ = ["adamw", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "masked_mean",
-           "ppo_loss", "sample", "sgd", "token_logprobs_backward"]
+           "ppo_loss", "sample", "sgd", "token_logprobs_backward",
+           "token_logprobs_backward_finish", "token_logprobs_backward_partial"]

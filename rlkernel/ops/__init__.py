@@ -27,6 +27,8 @@ from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_logprobs import (
     token_logprobs,
     token_logprobs_backward,
+    token_logprobs_backward_finish,
+    token_logprobs_backward_partial,
     token_logprobs_finish,
     token_logprobs_partial,
 )
@@ -36,5 +38,6 @@ __all__ = [
     "exact_sum_partial", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
     "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "sgd", "silu_mul", "softmax", "token_logprobs",
-    "token_logprobs_backward", "token_logprobs_finish", "token_logprobs_partial",
+    "token_logprobs_backward", "token_logprobs_backward_finish", "token_logprobs_backward_partial",
+    "token_logprobs_finish", "token_logprobs_partial",
 ]

@@ -403,3 +403,157 @@ def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torc
 # One text for the shared semantics, so the three docstrings cannot disagree.
 for _fn in (token_logprobs, token_logprobs_partial):
     _fn.__doc__ = (_fn.__doc__ or "").replace("    {semantics}\n", "\n" + _SEMANTICS.lstrip("\n") + "\n")
+
+
+def _int64_vector(op: str, name: str, t: object, size: int, what: str) -> torch.Tensor:
+    t = v.tensor(op, name, t)
+    v.dtype(op, name, t, (torch.int64,))
+    if tuple(t.shape) != (size,):
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected [{size}] ({what})")
+    return t
+
+
+def _exponent_values(op: str, name: str, e: torch.Tensor) -> None:
+    ok = ((e >= -149) & (e <= 128)) | (e == (1 << 20))
+    if e.numel() and not bool(ok.all()):
+        i = int((~ok).nonzero()[0, 0])
+        raise ValueError(f"{op}: {name}[{i}] = {int(e[i])}; expected exponents in [-149, 128] or the non-finite "
+                         f"sentinel 2**20, as phase 1 returns them (all-reduced with MAX over the shards)")
+
+
+def token_logprobs_backward_partial(grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor,
+                                    targets: torch.Tensor, vocab_start: int, row_max: torch.Tensor,
+                                    sum_int: torch.Tensor, temperature: float = 1.0,
+                                    exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                    need_weight: bool = True) -> tuple[torch.Tensor | None, ...]:
+    """One vocabulary shard's part of :func:`token_logprobs_backward` (tensor parallelism), two phases.
+
+    Phase 1 (``exponents=None``) returns ``(ec, ew)``: the exponents of the shard's coefficient rows
+    and weight columns; all-reduce both with MAX. Phase 2 (``exponents=(ec, ew)``) returns ``(hi,
+    lo, d_weight_shard)``: all-reduce ``hi`` and ``lo`` with SUM (int64, exact in any order), then
+    :func:`token_logprobs_backward_finish` gives ``d_hidden`` with the bits of the unsharded op;
+    ``d_weight_shard`` is this shard's rows of ``d_weight``, final.
+
+    Parameters
+    ----------
+    grad : Tensor, float32, [T]
+    hidden : Tensor, bfloat16 or float16, [T, H]
+    weight_shard : Tensor, hidden's dtype, [Vs, H]: rows ``vocab_start ..`` of the LM head
+    targets : Tensor, int64 or int32, [T]: global ids (the same tensor on every shard)
+    vocab_start : int
+    row_max : Tensor, float32, [T]
+        The forward's global row max (MAX over the shards of ``token_logprobs_partial`` phase 1).
+    sum_int : Tensor, int64, [T]
+        The forward's global probability sum (SUM over the shards of phase 2's ``sum_int``).
+    temperature : float
+    exponents : tuple of (Tensor int64 [T], Tensor int64 [H]), optional
+        Phase 2: the global exponents (MAX over the shards of phase 1).
+    need_weight : bool
+        Phase 2: also return this shard's rows of ``d_weight`` (else None).
+
+    Returns
+    -------
+    Phase 1: tuple (Tensor int64 [T], Tensor int64 [H]).
+    Phase 2: tuple (Tensor int64 [T, H], Tensor int64 [T, H], Tensor float32 [Vs, H] or None).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`token_logprobs_partial`; also bad ``row_max``/``sum_int``/``exponents`` dtypes or
+        shapes, exponents outside [-149, 128] and not 2**20, or (from the backend) a finite
+        ``row_max`` below one of this shard's logits.
+
+    Bitwise semantics
+    -----------------
+    Contract ``token_logprobs_backward`` v1, sharded form: each shard makes the coefficients of its
+    rows from the global ``m`` and ``S`` (the target's exact complement on the owner), puts them on
+    the global 28-bit row grids and the weight columns on the global 21-bit grids, and returns the
+    exact sum over its rows as two int64 words ``(sum C >> 32, sum C & (2**32 - 1))``.
+    """
+    op = "token_logprobs_backward_partial"
+    device = _operands(op, hidden, weight_shard, targets, "weight_shard")
+    tau = _temperature(op, temperature)
+    t, h = hidden.shape
+    v.tensor(op, "grad", grad)
+    v.dtype(op, "grad", grad, (torch.float32,))
+    if tuple(grad.shape) != (t,):
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}; expected [T] = [{t}]")
+    if isinstance(vocab_start, bool) or not isinstance(vocab_start, numbers.Integral):
+        raise TypeError(f"{op}: vocab_start must be a Python int, got {type(vocab_start).__name__}")
+    start = int(vocab_start)
+    if start < 0 or start + weight_shard.shape[0] > MAX_VOCAB:
+        raise ValueError(f"{op}: vocab_start = {start} with a shard of {weight_shard.shape[0]} rows; expected "
+                         f"0 <= vocab_start and vocab_start + Vs <= {MAX_VOCAB}")
+    _targets_in(op, targets, 0, MAX_VOCAB, "global ids of a vocabulary of at most 2**22")
+    v.tensor(op, "row_max", row_max)
+    v.dtype(op, "row_max", row_max, (torch.float32,))
+    if tuple(row_max.shape) != (t,):
+        raise ValueError(f"{op}: row_max has shape {tuple(row_max.shape)}; expected [T] = [{t}], the all-reduced "
+                         f"output of token_logprobs_partial's phase 1")
+    sum_int = _int64_vector(op, "sum_int", sum_int, t, "the all-reduced sum_int of token_logprobs_partial's phase 2")
+    if not isinstance(need_weight, bool):
+        raise TypeError(f"{op}: need_weight must be a bool, got {type(need_weight).__name__}")
+    tensors = [("hidden", hidden), ("grad", grad), ("row_max", row_max), ("sum_int", sum_int)]
+    ex = None
+    if exponents is not None:
+        if not isinstance(exponents, (tuple, list)) or len(exponents) != 2:
+            raise TypeError(f"{op}: exponents must be a pair (ec [T], ew [H]) from phase 1, all-reduced with MAX")
+        ec = _int64_vector(op, "ec", exponents[0], t, "one per token")
+        ew = _int64_vector(op, "ew", exponents[1], h, "one per hidden channel")
+        _exponent_values(op, "ec", ec)
+        _exponent_values(op, "ew", ew)
+        tensors += [("ec", ec), ("ew", ew)]
+        ex = (v.contiguous(ec), v.contiguous(ew))
+        if need_weight and t > MAX_UNIT_TOKENS:
+            raise ValueError(f"{op}: d_weight reduces over T = {t} tokens, above the exact-sum bound 2**16 - 1")
+    v.same_device(op, tensors)
+    return dispatch.call(op, device, grad=v.contiguous(grad), hidden=v.contiguous(hidden),
+                         weight_shard=v.contiguous(weight_shard), targets=v.contiguous(targets.to(torch.int64)),
+                         vocab_start=start, row_max=v.contiguous(row_max), sum_int=v.contiguous(sum_int),
+                         temperature=tau, exponents=ex, need_weight=need_weight)
+
+
+def token_logprobs_backward_finish(hi: torch.Tensor, lo: torch.Tensor, ec: torch.Tensor, ew: torch.Tensor,
+                                   out_dtype: torch.dtype) -> torch.Tensor:
+    """Finish the sharded backward: ``d_hidden = RN_out((hi 2**32 + lo) 2**(ec + ew - 47))``.
+
+    Parameters
+    ----------
+    hi, lo : Tensor, int64, [T, H]
+        SUM over the shards of :func:`token_logprobs_backward_partial` phase 2's words.
+    ec : Tensor, int64, [T]
+    ew : Tensor, int64, [H]
+        The global exponents (MAX over the shards of phase 1).
+    out_dtype : torch.dtype
+        hidden's dtype: ``torch.bfloat16`` or ``torch.float16``.
+
+    Returns
+    -------
+    Tensor, out_dtype, [T, H]: the bits of :func:`token_logprobs_backward`'s ``d_hidden``.
+
+    Bitwise semantics
+    -----------------
+    One rounding of the exact two-word value (P3'), NaN where ``ec`` or ``ew`` is the sentinel
+    2**20, canonical NaN. Contract ``token_logprobs_backward`` v1.
+    """
+    op = "token_logprobs_backward_finish"
+    hi, lo = v.tensor(op, "hi", hi), v.tensor(op, "lo", lo)
+    v.dtype(op, "hi", hi, (torch.int64,))
+    v.dtype(op, "lo", lo, (torch.int64,))
+    v.ndim(op, "hi", hi, 2, "[T, H]")
+    if tuple(lo.shape) != tuple(hi.shape):
+        raise ValueError(f"{op}: lo has shape {tuple(lo.shape)} but hi {tuple(hi.shape)}; expected both [T, H]")
+    ec = _int64_vector(op, "ec", ec, hi.shape[0], "one per token")
+    ew = _int64_vector(op, "ew", ew, hi.shape[1], "one per hidden channel")
+    _exponent_values(op, "ec", ec)
+    _exponent_values(op, "ew", ew)
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{op}: out_dtype is {out_dtype!r}; expected hidden's dtype, torch.bfloat16 or torch.float16")
+    limit = 1 << 62
+    for name, t in (("hi", hi), ("lo", lo)):
+        if t.numel() and bool((t.abs() >= limit).any() | (t == torch.iinfo(torch.int64).min).any()):
+            raise ValueError(f"{op}: {name} holds a value of magnitude >= 2**62; expected the int64 SUM of phase 2's "
+                             f"words (never through a float type)")
+    device = v.same_device(op, [("hi", hi), ("lo", lo), ("ec", ec), ("ew", ew)])
+    return dispatch.call(op, device, hi=v.contiguous(hi), lo=v.contiguous(lo), ec=v.contiguous(ec),
+                         ew=v.contiguous(ew), out_dtype=out_dtype)

@@ -53,6 +53,12 @@ def _all_rows_finite(z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y
     return _coefficients(z, m0, total, a_y, s, local_y, torch.ones_like(finite))
 
 
+def _target_clamped(z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor, s: torch.Tensor,
+                    local_y: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """Every shard places a_y: a target outside the shard lands on its first or last row."""
+    return _coefficients(z, m0, total, a_y, s, local_y.clamp(0, z.shape[1] - 1), finite)
+
+
 def _half_away(t: torch.Tensor) -> torch.Tensor:
     return torch.sign(t) * torch.floor(t.abs() + 0.5)
 
@@ -122,6 +128,10 @@ MUTATIONS = [
              patch(M, "int64_to_float", int64_to_float_rounding(ties_away))),
     mutation(OP, "subnormal_results", "d_weight flushed to zero", patch(M, "int64_to_float", int64_to_float_ftz)),
     mutation(OP, "subnormal_results", "d_hidden flushed to zero", patch(M, "int64_pair_to_float", _pair_ftz)),
+    mutation(OP, "shard_rules", "non-owner shards place the target's coefficient",
+             patch(M, "_coefficients", _target_clamped)),
+    mutation(OP, "shard_rules", "two words split at bit 31", patch(M, "WORD_SHIFT", 31)),
+    mutation(OP, "shard_rules", "all-zero rows get exponent -148", patch("linear", "ZERO_EXP", -148)),
     mutation(OP, ORDER_FLOAT_SUM, "products summed in fp32", patch(M, "_product", _float_product)),
     mutation(OP, ORDER_BATCH, "row max over the whole token chunk", patch(M, "nan_max", _batch_max)),
 ]
