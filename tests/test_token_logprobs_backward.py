@@ -228,3 +228,49 @@ def test_accuracy_token_logprobs_backward_vs_float64_no_worse_than_torch_bf16(fa
     assert hl.grad is not None and wl.grad is not None and h64.grad is not None and w64.grad is not None
     assert tensor_errors(hl.grad, h64.grad)["rel_l2"] <= tensor_errors(n_dh, h64.grad)["rel_l2"] * 1.005
     assert tensor_errors(wl.grad, w64.grad)["rel_l2"] <= tensor_errors(n_dw, w64.grad)["rel_l2"] * 1.005
+
+
+# --------------------------------------------------------------------------- vocabulary-parallel sub-ops
+
+
+def _public_run(op: str, **kw: Any) -> Any:
+    return getattr(rk, op)(**kw)
+
+
+@pytest.mark.parametrize("shards", [2, 3, 5])
+def test_sharded_equals_whole_through_the_public_ops(shards: int) -> None:
+    """Forward partials -> backward phase 1 (MAX) -> phase 2 (SUM of the words) -> finish gives the
+    unsharded d_hidden, and the shards' d_weight rows are its d_weight; a NaN row and a zero grad included."""
+    a = _inputs(9, 24, 211, tag=f"tp{shards}", temperature=0.7)
+    a["hidden"][3, 5] = float("nan")
+    a["grad"][6] = 0.0
+    whole = rk.token_logprobs_backward(**a)
+    got = con.sharded(_public_run, a["grad"], a["hidden"], a["weight"], a["targets"], a["temperature"], shards)
+    _same(whole, got, f"{shards} shards")
+
+
+def test_partial_and_finish_reject_bad_inputs() -> None:
+    a = _inputs(4, 8, 20, tag="partial_errors")
+    m = rk.token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0)
+    s_int, _ = rk.token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0, row_max=m)
+    base = {"grad": a["grad"], "hidden": a["hidden"], "weight_shard": a["weight"][5:], "targets": a["targets"],
+            "vocab_start": 5, "row_max": m, "sum_int": s_int}
+    ec, ew = rk.token_logprobs_backward_partial(**base)
+    with pytest.raises(TypeError, match="sum_int has dtype float32; expected one of int64"):
+        rk.token_logprobs_backward_partial(**{**base, "sum_int": s_int.float()})
+    with pytest.raises(ValueError, match=r"row_max has shape \(3,\); expected \[T\] = \[4\]"):
+        rk.token_logprobs_backward_partial(**{**base, "row_max": m[:3]})
+    with pytest.raises(ValueError, match=r"ec\[0\] = 300; expected exponents in \[-149, 128\]"):
+        rk.token_logprobs_backward_partial(**base, exponents=(torch.full_like(ec, 300), ew))
+    with pytest.raises(TypeError, match="exponents must be a pair"):
+        rk.token_logprobs_backward_partial(**base, exponents=(ec,))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="row_max is below a logit of this shard"):
+        rk.token_logprobs_backward_partial(**{**base, "row_max": m - 100.0}, exponents=(ec, ew))
+    hi, lo, dw = rk.token_logprobs_backward_partial(**base, exponents=(ec, ew))
+    assert dw is not None and dw.shape == (15, 8)
+    with pytest.raises(ValueError, match="magnitude >= 2\\*\\*62"):
+        rk.token_logprobs_backward_finish(hi + (1 << 62), lo, ec, ew, torch.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype is torch.float32"):
+        rk.token_logprobs_backward_finish(hi, lo, ec, ew, torch.float32)
+    with pytest.raises(ValueError, match=r"ew has shape \(7,\); expected \[8\]"):
+        rk.token_logprobs_backward_finish(hi, lo, ec, ew[:7], torch.bfloat16)
