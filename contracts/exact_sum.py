@@ -276,11 +276,14 @@ def _native_sum(terms: torch.Tensor) -> torch.Tensor:
 
 
 def bench_cases() -> list[BenchCase]:
-    """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight."""
-    def make(device: torch.device) -> dict[str, Any]:
-        g = torch.Generator(device=device).manual_seed(0)
-        return {"terms": torch.randn(64, 1024, 1024, generator=g, device=device)}
+    """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight (large),
+    of a 256 x 256 weight (small)."""
+    cases = []
+    for name, s, n, sizes in (("S64_1024x1024", 64, 1 << 20, ("large",)), ("S64_256x256", 64, 1 << 16, ("small",))):
+        def make(device: torch.device, s: int = s, n: int = n) -> dict[str, Any]:
+            g = torch.Generator(device=device).manual_seed(0)
+            return {"terms": torch.randn(s, n, generator=g, device=device)}
 
-    n = 64 * 1024 * 1024
-    return [BenchCase(name="S64_1024x1024", make=make, native=_native_sum, flops=float(n),
-                      bytes=4.0 * n + 160.0 * 1024 * 1024, op="exact_sum_partial")]
+        cases.append(BenchCase(name=name, make=make, native=_native_sum, flops=float(s * n),
+                               bytes=4.0 * s * n + 160.0 * n, op="exact_sum_partial", sizes=sizes))
+    return cases

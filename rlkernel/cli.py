@@ -305,10 +305,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rlkernel.validate.record import HashMismatch
     from rlkernel.validate.run import ValidateConfig, run
 
+    if args.train_steps is not None:
+        return _validate_train(args)
     flat = [v for values in args.engine_batch for v in values]
     micro = [v for values in args.train_micro_batch for v in values]
+    num_prompts = 8 if args.num_prompts is None else args.num_prompts
     cfg = ValidateConfig(
-        config=args.config, checkpoint=args.checkpoint, num_prompts=args.num_prompts, group_size=args.group_size,
+        config=args.config, checkpoint=args.checkpoint, num_prompts=num_prompts, group_size=args.group_size,
         prompt_len=args.prompt_len, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, stop_token_ids=tuple(args.stop_token_ids or ()), seed=args.seed, device=args.device,
         dtype=args.dtype, engine_batch=flat or [8], train_micro_batch=micro or [1, 3, 8], baseline=args.baseline,
@@ -326,6 +329,63 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"rlkernel validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, ImportError, FileNotFoundError) as exc:
+        print(f"rlkernel validate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        print(f"rlkernel validate: interrupted ({exc or 'Ctrl-C'}); no report written", file=sys.stderr)
+        return EXIT_FAILED
+    doc = report.document(doc)
+    for line in report.summary(doc):
+        print(line)
+    if args.out:
+        paths = report.write(doc, Path(args.out))
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_OK if doc["ok"] else EXIT_FAILED
+
+
+def _validate_train(args: argparse.Namespace) -> int:
+    """``rlkernel validate --train-steps N``: N GRPO steps, ours next to the ordinary path (docs/validate.md)."""
+    from rlkernel.dispatch import BackwardNotDefined
+    from rlkernel.validate import report
+    from rlkernel.validate.train import TrainConfig, run_train
+
+    clash = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--replay", args.replay),
+                                      ("--record", args.record), ("--layers", args.layers),
+                                      ("--save-checkpoint", args.save_checkpoint)) if given]
+    if clash:
+        print(f"rlkernel validate: --train-steps trains the tiny ReverseDigits model from --seed; {', '.join(clash)} "
+              f"belong to the rollout/replay mode (drop them, or drop --train-steps)", file=sys.stderr)
+        return EXIT_USAGE
+    check = [v for values in args.train_micro_batch_check for v in values]
+    cfg = TrainConfig(
+        steps=args.train_steps, seed=args.seed, device=args.device, dtype=args.dtype,
+        num_prompts=4 if args.num_prompts is None else args.num_prompts, group_size=args.group_size,
+        temperature=args.temperature, lr=args.lr, weight_decay=args.weight_decay, kl_coef=args.kl_coef,
+        loss_agg_mode=args.loss_agg_mode, micro_batch=args.grpo_micro_batch,
+        max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None, micro_batch_check=check,
+        baseline=args.baseline, baseline_dtype=args.baseline_dtype)
+    command = ["rlkernel", *getattr(args, "argv", sys.argv[1:])]
+    torch.set_num_threads(args.threads or 1)  # the tiny model's ops gain nothing from more threads
+    _sigterm_interrupts()
+    printed_header: list[bool] = []
+
+    def on_step(ours: Any, theirs: Any) -> None:
+        if not printed_header:
+            for line in report.train_header(theirs is not None):
+                print(line)
+            printed_header.append(True)
+        print(report.train_row(ours.as_dict(), theirs.as_dict() if theirs is not None else None), flush=True)
+
+    def on_check(mb: int, sha: str) -> None:
+        print(f"micro-batch check: micro-batch {mb} -> final weights sha256 {sha}", flush=True)
+
+    try:
+        doc = run_train(cfg, on_step=on_step, on_check=on_check, command=command)
+    except BackwardNotDefined as exc:
+        print(f"rlkernel validate: this build cannot train: an op on the training path has no backward yet ({exc})",
+              file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, ImportError) as exc:
         print(f"rlkernel validate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
@@ -410,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     model.add_argument("--save-checkpoint", metavar="DIR", help="write the model as a checkpoint directory")
     work = val.add_argument_group("rollout")
-    work.add_argument("--num-prompts", type=int, default=8, help="prompts (default: %(default)s)")
+    work.add_argument("--num-prompts", type=int, help="prompts (default: 8; with --train-steps: 4 per step)")
     work.add_argument("--group-size", type=int, default=4, help="samples per prompt, n (default: %(default)s)")
     work.add_argument("--prompt-len", type=_span, default=(4, 24), metavar="MIN:MAX",
                       help="prompt lengths, uniform (default: 4:24)")
@@ -441,6 +501,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--record", metavar="FILE", help="write the rollout to a record file (safetensors)")
     check.add_argument("--replay", metavar="FILE", help="replay a record instead of generating")
     check.add_argument("--out", metavar="DIR", help="write report.json and report.md here")
+    train = val.add_argument_group(
+        "training (--train-steps N)", "N GRPO steps of the tiny ReverseDigits model (initial weights from --seed) "
+        "with rlkernel's GRPOTrainer, next to the ordinary PyTorch path (transformers generate + full forward, "
+        "torch AdamW) unless --baseline none; fails if any of ours' rollout/trainer log-probs mismatch. Also uses "
+        "--num-prompts (per step), --group-size, --temperature, --seed, --device, --dtype, --baseline(-dtype), "
+        "--threads and --out")
+    train.add_argument("--train-steps", type=int, metavar="N", help="run the N-step training mode")
+    train.add_argument("--grpo-micro-batch", type=int, metavar="N",
+                       help="sequences per forward/backward, both sides (default: the whole step's batch)")
+    train.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: %(default)s)")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    train.add_argument("--kl-coef", type=float, default=0.0,
+                       help="k3 KL to the initial model, weight (default: %(default)s = no reference model)")
+    train.add_argument("--loss-agg-mode", default="token-mean", choices=("token-mean", "seq-mean-token-mean"),
+                       help="loss aggregation (default: %(default)s)")
+    train.add_argument("--max-grad-norm", type=float, default=1.0,
+                       help="global-norm gradient clip; 0 = none (default: %(default)s)")
+    train.add_argument("--train-micro-batch-check", type=_int_list, action="append", default=[], metavar="N[,N...]",
+                       help="run ours again once per micro-batch size from the same weights; all must end with "
+                            "the same weights sha256")
     val.set_defaults(func=cmd_validate)
     return parser
 

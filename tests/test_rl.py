@@ -12,16 +12,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rlkernel.dispatch as ops_dispatch
 import rlkernel.ops as ops
 from rlkernel import rl
 from rlkernel.conformance.hashing import first_difference, sha256_of
 from rlkernel.contracts import group_advantages as c_adv
 from rlkernel.contracts import kl_k3 as c_kl
+from rlkernel.contracts import kl_k3_backward as c_klb
 from rlkernel.contracts import masked_mean as c_mm
+from rlkernel.contracts import masked_mean_backward as c_mmb
 from rlkernel.contracts import ppo_loss as c_ppo
 from rlkernel.contracts._gen import normal, seed_of
 
-MODULES = {"group_advantages": c_adv, "ppo_loss": c_ppo, "kl_k3": c_kl, "masked_mean": c_mm}
+MODULES = {"group_advantages": c_adv, "ppo_loss": c_ppo, "kl_k3": c_kl, "masked_mean": c_mm,
+           "kl_k3_backward": c_klb, "masked_mean_backward": c_mmb}
 
 
 def assert_bits(expected: Any, actual: Any, what: str = "") -> None:
@@ -263,6 +267,80 @@ def test_global_denominator_makes_micro_batch_gradients_exact():
                     denominator=n).backward()
         grads.append(part.grad)
     assert_bits(logp.grad, torch.cat(grads))
+
+
+# --------------------------------------------------------------------------- backwards of kl_k3 and masked_mean
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(width=32), special), st.one_of(st.floats(width=32), special),
+                          st.one_of(st.floats(width=32), special)), min_size=0, max_size=30))
+def test_hypothesis_kl_k3_backward(triples):
+    g, logp, ref = (torch.tensor([t[i] for t in triples], dtype=torch.float32) for i in range(3))
+    assert_bits(c_klb.reference(g, logp, ref), ops.kl_k3_backward(g, logp, ref))
+
+
+@pytest.mark.parametrize("mode", rl.MODES)
+def test_autograd_of_a_kl_loss_is_the_contract_chain(mode):
+    """masked_mean(kl_k3(logp, ref)).backward() gives kl_k3_backward(masked_mean_backward(1)) bit for bit."""
+    d = _ppo_data(b=6, t=40, dual_clip=None)
+    ref = d["logp"] + normal(seed_of("test_rl", "kl_ref"), (6, 40), std=0.3, dtype=torch.float32)
+    logp = d["logp"].clone().requires_grad_(True)
+    loss = ops.masked_mean(ops.kl_k3(logp, ref), d["mask"], mode=mode)
+    assert type(loss.grad_fn).__name__ == "MaskedMeanFunctionBackward"
+    loss.backward()
+    dk = ops.masked_mean_backward(torch.tensor(1.0), d["mask"], mode=mode)
+    assert_bits(ops.kl_k3_backward(dk, d["logp"], ref), logp.grad)
+    assert_bits(ops.masked_mean(ops.kl_k3(d["logp"], ref), d["mask"], mode=mode), loss.detach())
+
+
+@pytest.mark.parametrize("mode", rl.MODES)
+def test_masked_mean_gradient_is_ppo_losss_with_unit_factor(mode):
+    """The two aggregations round alike: an unchanged policy with advantage -1 has pg1 = 1, and ppo_loss's
+    gradient equals masked_mean's on every token."""
+    d = _ppo_data(b=7, t=33, dual_clip=None)
+    logp = d["logp"].clone().requires_grad_(True)
+    rl.ppo_loss(logp, d["logp"], -torch.ones(7), d["mask"], mode=mode, denominator=1000).backward(torch.tensor(0.3))
+    x = torch.zeros(7, 33, requires_grad=True)
+    ops.masked_mean(x, d["mask"], mode=mode, denominator=1000).backward(torch.tensor(0.3))
+    assert_bits(x.grad, logp.grad)
+
+
+@pytest.mark.parametrize("mode", rl.MODES)
+def test_global_denominator_makes_masked_mean_gradients_exact(mode):
+    """With the global count as denominator every split of the batch gives every token the full batch's bits."""
+    d = _ppo_data(b=9, t=30, dual_clip=None)
+    mask = d["mask"].clone()
+    mask[4] = False  # an empty sequence
+    n = rl.count(mask, mode)
+    x = d["logp"].clone().requires_grad_(True)
+    ops.masked_mean(ops.kl_k3(x, d["old_logp"]), mask, mode=mode, denominator=n).backward()
+    for bounds in ((0, 9), (0, 1, 2, 3, 4, 5, 6, 7, 8, 9), (0, 4, 5, 9)):
+        parts = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            xp = d["logp"][lo:hi].clone().requires_grad_(True)
+            ops.masked_mean(ops.kl_k3(xp, d["old_logp"][lo:hi]), mask[lo:hi], mode=mode, denominator=n).backward()
+            parts.append(xp.grad)
+        assert_bits(x.grad, torch.cat(parts), f"split {bounds}")
+
+
+def test_kl_k3_refuses_a_ref_logp_that_requires_grad():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    with pytest.raises(ops_dispatch.BackwardNotDefined, match="defined for logp only, and ref_logp requires grad"):
+        ops.kl_k3(logp, torch.zeros(2, 3, requires_grad=True))
+    with torch.no_grad():
+        ops.kl_k3(logp, torch.zeros(2, 3, requires_grad=True))
+
+
+def test_accuracy_rl_backwards_vs_float64_no_worse_than_torch_fp32():
+    """Accuracy (not bits): kl_k3 and masked_mean gradients against float64 autograd: relative L2 error no
+    larger than torch's fp32 autograd of the verl-style expressions (the suite's rule)."""
+    from rlkernel.conformance.accuracy.ops import rl_backward as rows
+    from rlkernel.conformance.accuracy.suite import verdict
+
+    for m in rows.measurements():
+        v = verdict(m.run("small", torch.device("cpu")), m.metric)
+        assert v["meets"], f"{m.op}/{m.dataset}: ours {v['rlkernel']:.3e} vs torch fp32 {v['native']:.3e}"
 
 
 # --------------------------------------------------------------------------- errors

@@ -30,7 +30,7 @@ def _scatter(terms: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.T
         slot = ((rows.unsqueeze(1) * e + elem) * nl + limb).reshape(-1)
         limbs.scatter_add_(0, slot, v.reshape(-1))
         cell = (rows.unsqueeze(1) * e + elem).reshape(-1)
-        spec.index_add_(0, cell, superacc._specials(chunk.reshape(-1, 1)))
+        spec.scatter_add_(0, cell.unsqueeze(1).expand(-1, 3), superacc._specials(chunk.reshape(-1, 1)))
         normed = superacc.normalize_limbs(limbs.reshape(-1, nl))  # keeps every raw limb < 2**62
         limbs = normed.reshape(-1)
     out = torch.zeros((num_rows * e, superacc.STATE_SLOTS), dtype=torch.int64, device=dev)

@@ -52,6 +52,11 @@ KERNELS: dict[str, str] = {
     "exact_sum_partial": "torch_exact:exact_sum_partial",
     "exact_sum_merge": "torch_exact:exact_sum_merge",
     "exact_sum_finish": "torch_exact:exact_sum_finish",
+    "rms_norm_backward": "torch_exact:rms_norm_backward",
+    "rope_backward": "torch_exact:rope_backward",
+    "silu_mul_backward": "torch_exact:silu_mul_backward",
+    "kl_k3_backward": "torch_exact:kl_k3_backward",
+    "masked_mean_backward": "torch_exact:masked_mean_backward",
 }
 
 

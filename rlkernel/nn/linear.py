@@ -22,8 +22,10 @@ row-parallel shards exchange exact int64 partial sums, so any TP degree gives th
 :class:`Linear` with the whole weight; with ``group=None`` or a group of one rank each class
 calls ``rlkernel.ops.linear`` on the whole weight directly.
 
-Parameters are created frozen (``requires_grad=False``): the ops have no backward contract
-yet (training backward is a later step), so the modules are forward-only until one exists.
+Parameters are created frozen (``requires_grad=False``), as a rollout engine wants them; call
+``model.requires_grad_()`` to train (:class:`rlkernel.train.GRPOTrainer` does). The backward is
+exact: ``dX`` per token, ``dW`` per sequence unit summed exactly (:mod:`rlkernel.grads`); under
+TP, column-parallel ``dX`` is an exact sum over the ranks (docs/training.md).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _expect_shape(what: str, loaded: torch.Tensor, shape: tuple[int, ...]) -> No
 
 
 def frozen(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
-    """A zero-filled parameter with ``requires_grad=False`` (forward-only until backward contracts exist)."""
+    """A zero-filled parameter with ``requires_grad=False`` (``requires_grad_()`` to train it)."""
     return nn.Parameter(torch.zeros(tuple(shape), dtype=dtype, device=device), requires_grad=False)
 
 

@@ -14,15 +14,15 @@ from rlkernel.ops.attention import attention, attention_paged
 from rlkernel.ops.embedding import embedding
 from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 from rlkernel.ops.group_advantages import group_advantages
-from rlkernel.ops.kl_k3 import kl_k3
+from rlkernel.ops.kl_k3 import kl_k3, kl_k3_backward
 from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial
-from rlkernel.ops.masked_mean import masked_mean
+from rlkernel.ops.masked_mean import masked_mean, masked_mean_backward
 from rlkernel.ops.ppo_loss import ppo_loss
-from rlkernel.ops.rms_norm import rms_norm
-from rlkernel.ops.rope import rope, rope_table_rows, rope_tables
+from rlkernel.ops.rms_norm import rms_norm, rms_norm_backward
+from rlkernel.ops.rope import rope, rope_backward, rope_table_rows, rope_tables
 from rlkernel.ops.sample import sample
 from rlkernel.ops.sgd import sgd
-from rlkernel.ops.silu_mul import silu_mul
+from rlkernel.ops.silu_mul import silu_mul, silu_mul_backward
 from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_logprobs import (
     token_logprobs,
@@ -35,9 +35,10 @@ from rlkernel.ops.token_logprobs import (
 
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_paged", "embedding", "exact_sum_finish", "exact_sum_merge",
-    "exact_sum_partial", "group_advantages", "kl_k3", "linear",
-    "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
-    "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "sgd", "silu_mul", "softmax", "token_logprobs",
-    "token_logprobs_backward", "token_logprobs_backward_finish", "token_logprobs_backward_partial",
-    "token_logprobs_finish", "token_logprobs_partial",
+    "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
+    "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
+    "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
+    "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_logprobs", "token_logprobs_backward",
+    "token_logprobs_backward_finish", "token_logprobs_backward_partial", "token_logprobs_finish",
+    "token_logprobs_partial",
 ]

@@ -17,7 +17,30 @@ from rlkernel import dispatch
 from rlkernel.ops import _rl
 from rlkernel.ops._rl import PARTIAL_SLOTS
 
-__all__ = ["masked_mean"]
+__all__ = ["MaskedMeanFunction", "masked_mean", "masked_mean_backward"]
+
+
+class MaskedMeanFunction(torch.autograd.Function):
+    """Autograd for :func:`masked_mean` (x only): the contract ``masked_mean_backward``.
+
+    ``dx = RN32(g ÷ D)`` on kept tokens (``RN32(RN32(g ÷ fp32(c_b)) ÷ D)`` for
+    ``seq-mean-token-mean``), +0 elsewhere: the roundings of :class:`rlkernel.ops.ppo_loss.PPOLossFunction`
+    with its factor pg1 = 1. With a global ``denominator`` every token's gradient is the full
+    batch's whatever the micro-batch split.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        ctx.save_for_backward(mask)
+        ctx.kwargs = kwargs
+        return dispatch.call("masked_mean", x.device, x=x, mask=mask, partial=False, **kwargs)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (mask,) = ctx.saved_tensors
+        dx = dispatch.call("masked_mean_backward", mask.device, grad=grad_output.detach().to(torch.float32).reshape(()),
+                           mask=mask, **ctx.kwargs)
+        return dx, None, None
 
 
 def _partials(op: str, partials: object) -> tuple[torch.Tensor, torch.device]:
@@ -83,8 +106,6 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ValueError
         Shapes disagree, devices differ, an unknown mode, a denominator that is not a finite
         value > 0 in fp32, both or neither of (x, mask) and partials.
-    rlkernel.dispatch.BackwardNotDefined
-        x requires grad with grad mode on (no backward yet; the partial is exempt).
 
     Bitwise semantics
     -----------------
@@ -96,7 +117,9 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     No kept token and no denominator: NaN (0 ÷ 0, as PyTorch). A kept NaN (or kept +inf and
     -inf) gives NaN; a kept inf gives ±inf. The partial holds the canonical P10 state of the
     terms of S and the count; merged partials finish to the full batch's bits. Invariances:
-    permutation, reduction_order, micro_batch, repeat. Contract ``masked_mean`` v1.
+    permutation, reduction_order, micro_batch, repeat. Differentiable in x
+    (:func:`masked_mean_backward`; for micro-batch invariant gradients pass the global
+    ``denominator``). Contract ``masked_mean`` v1.
     """
     op = "masked_mean"
     mode = _rl.mode_of(op, mode)
@@ -120,5 +143,65 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
         with torch.no_grad():
             return dispatch.call(op, device, x=v.contiguous(x), mask=v.contiguous(m), mode=mode, denominator=den,
                                  partial=True)
+    if torch.is_grad_enabled() and x.requires_grad:
+        out: torch.Tensor = MaskedMeanFunction.apply(v.contiguous(x), v.contiguous(m),
+                                                     {"mode": mode, "denominator": den})
+        return out
     return dispatch.call(op, device, x=v.contiguous(x), mask=v.contiguous(m), mode=mode, denominator=den,
                          partial=False)
+
+
+def masked_mean_backward(grad: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+                         denominator: float | int | None = None) -> torch.Tensor:
+    """Gradient of :func:`masked_mean` in x: a per-token constant on kept tokens, +0 elsewhere.
+
+    ``token-mean``: ``dx_bt = grad / D`` where ``mask_bt``
+
+    Parameters
+    ----------
+    grad : Tensor, float32, [] (one element)
+        The gradient of the scalar mean.
+    mask : Tensor, bool, [B, T]
+        The forward's mask.
+    mode : {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"}
+        The forward's mode.
+    denominator : float or int, optional
+        The forward's denominator. What to pass for gradient accumulation: the *global* count
+        (``rlkernel.rl.count(mask, mode)`` summed over every micro-batch and data-parallel rank,
+        integers add exactly) to every micro-batch's forward. Then each micro-batch's loss is its
+        share of the global mean, a token's gradient depends only on grad, that count and its own
+        sequence, and every split of the global batch into micro-batches of whole sequences gives
+        every token the bits of the full batch. Without it each call divides by its own count.
+
+    Returns
+    -------
+    Tensor, float32, [B, T]
+
+    Raises
+    ------
+    TypeError, ValueError
+        grad not a float32 scalar, mask not bool [B, T], an unknown mode, a bad denominator.
+    rlkernel.dispatch.BackwardNotDefined
+        grad requires grad with grad mode on (no double backward).
+
+    Bitwise semantics
+    -----------------
+    ``D = fp32(denominator)`` or the correctly rounded fp32 of this call's count (kept tokens;
+    sequences with >= 1 kept token). Kept tokens: ``RN32(grad ÷ D)`` (``token-mean``,
+    ``seq-mean-token-sum``), ``RN32(RN32(grad ÷ fp32(c_b)) ÷ D)`` (``seq-mean-token-mean``); +0
+    elsewhere. NaN canonical. Invariances: batch, permutation, micro_batch (with a denominator),
+    repeat. Contract ``masked_mean_backward`` v1.
+    """
+    op = "masked_mean_backward"
+    mode = _rl.mode_of(op, mode)
+    den = _rl.denominator_of(op, denominator)
+    g = _rl.fp32_tensor(op, "grad", grad)
+    if g.numel() != 1:
+        raise ValueError(f"{op}: grad has shape {tuple(g.shape)}; expected a scalar [] (the mean is a scalar)")
+    m = v.tensor(op, "mask", mask)
+    if m.dtype != torch.bool:
+        raise TypeError(f"{op}: mask has dtype {str(m.dtype).replace('torch.', '')}; expected bool "
+                        f"(the forward's mask)")
+    v.ndim(op, "mask", m, 2, "[B, T] (one row per sequence)")
+    device = v.same_device(op, [("grad", g), ("mask", m)])
+    return dispatch.call(op, device, grad=g.reshape(()), mask=v.contiguous(m), mode=mode, denominator=den)

@@ -20,7 +20,8 @@ from rlkernel import _validate as v
 from rlkernel import dispatch
 from rlkernel.ops._rope_tables import MAX_POSITION, table_rows
 
-__all__ = ["MAX_POSITION", "clear_table_cache", "rope", "rope_table_rows", "rope_tables"]
+__all__ = ["MAX_POSITION", "RopeFunction", "clear_table_cache", "rope", "rope_backward", "rope_table_rows",
+           "rope_tables"]
 #: Smallest number of rows a cached table is built with.
 MIN_TABLE_ROWS = 4096
 #: Largest growth step of a cached table (rows); below it a table doubles.
@@ -135,9 +136,12 @@ def _tables(head_dim: int, theta: float, device: torch.device, rows: int) -> tup
             return have
         new = min(MAX_POSITION, max(rows, old + min(old, MAX_TABLE_GROWTH), MIN_TABLE_ROWS))
         cos_np, sin_np = table_rows(np.arange(old, new, dtype=np.int64), head_dim, theta)
-        cos, sin = torch.from_numpy(cos_np).to(device), torch.from_numpy(sin_np).to(device)
-        if have is not None:
-            cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
+        # normal tensors even when first asked for under inference_mode (the rollout engine): the
+        # trainer's autograd saves table rows for the backward, which inference tensors refuse
+        with torch.inference_mode(False):
+            cos, sin = torch.from_numpy(cos_np).to(device), torch.from_numpy(sin_np).to(device)
+            if have is not None:
+                cos, sin = torch.cat([have[0], cos]), torch.cat([have[1], sin])
         _cache[key] = (cos, sin)
         return cos, sin
 
@@ -188,35 +192,104 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.
     prefill_decode, repeat. Contract ``rope`` v1 (``rlkernel.contracts.rope``).
     """
     op = "rope"
-    v.tensor(op, "x", x)
-    v.tensor(op, "positions", positions)
-    v.dtype(op, "x", x, v.FLOATS)
-    v.dtype(op, "positions", positions, (torch.int64, torch.int32))
-    v.ndim(op, "x", x, (2, 3), "[T, n_heads, D] or [T, D]")
-    v.ndim(op, "positions", positions, 1, "[T], one position per token")
-    if positions.shape[0] != x.shape[0]:
-        raise ValueError(f"{op}: positions has shape {tuple(positions.shape)} but x has shape {tuple(x.shape)}; "
-                         f"expected positions [T] with T = x.shape[0] = {x.shape[0]}")
-    device = v.same_device(op, [("x", x), ("positions", positions)])
+    device = _check(op, "x", x, positions, theta)
     head_dim = x.shape[-1]
-    _check_config(op, head_dim, theta)
-    rows = 1
     if v.capturing(device):
         # A CUDA-graph capture cannot read the positions: it uses the cached tables as they are,
         # which the caller has grown beforehand (an eager call at its largest position), and
         # keeps them alive for the graph's lifetime (it holds their addresses).
-        cos, sin = _tables(head_dim, float(theta), device, rows)
+        cos, sin = _tables(head_dim, float(theta), device, 1)
         with _lock:
             if not any(c is cos for c, _ in _captured):
                 _captured.append((cos, sin))
         return dispatch.call(op, device, x=v.contiguous(x), positions=v.contiguous(positions.to(torch.int64)),
                              cos=cos, sin=sin)
-    if positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= MAX_POSITION:
-            raise ValueError(f"{op}: positions span [{lo}, {hi}]; expected every position in [0, 2**24). "
-                             f"Positions are per sequence; reset them at each sequence start")
-        rows = hi + 1
-    cos, sin = _tables(head_dim, float(theta), device, rows)
-    return dispatch.call(op, device, x=v.contiguous(x), positions=v.contiguous(positions.to(torch.int64)), cos=cos,
-                         sin=sin)
+    cos, sin = _tables(head_dim, float(theta), device, _rows_needed(op, positions))
+    x, pos = v.contiguous(x), v.contiguous(positions.to(torch.int64))
+    if torch.is_grad_enabled() and x.requires_grad:
+        out: torch.Tensor = RopeFunction.apply(x, pos, cos, sin)
+        return out
+    return dispatch.call(op, device, x=x, positions=pos, cos=cos, sin=sin)
+
+
+class RopeFunction(torch.autograd.Function):
+    """Autograd for :func:`rope`: ``rope_backward`` (the transposed rotation) with the forward's tables."""
+
+    @staticmethod
+    def forward(ctx, x, positions, cos, sin):  # type: ignore[no-untyped-def,override]
+        ctx.save_for_backward(positions, cos, sin)
+        return dispatch.call("rope", x.device, x=x, positions=positions, cos=cos, sin=sin)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        positions, cos, sin = ctx.saved_tensors
+        dx = dispatch.call("rope_backward", grad.device, grad=v.contiguous(grad), positions=positions, cos=cos,
+                           sin=sin)
+        return dx, None, None, None
+
+
+def _check(op: str, name: str, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.device:
+    """rope's input checks (``name`` is ``x`` or ``grad``); returns the device."""
+    v.tensor(op, name, x)
+    v.tensor(op, "positions", positions)
+    v.dtype(op, name, x, v.FLOATS)
+    v.dtype(op, "positions", positions, (torch.int64, torch.int32))
+    v.ndim(op, name, x, (2, 3), "[T, n_heads, D] or [T, D]")
+    v.ndim(op, "positions", positions, 1, "[T], one position per token")
+    if positions.shape[0] != x.shape[0]:
+        raise ValueError(f"{op}: positions has shape {tuple(positions.shape)} but {name} has shape "
+                         f"{tuple(x.shape)}; expected positions [T] with T = {name}.shape[0] = {x.shape[0]}")
+    device = v.same_device(op, [(name, x), ("positions", positions)])
+    _check_config(op, x.shape[-1], theta)
+    return device
+
+
+def _rows_needed(op: str, positions: torch.Tensor) -> int:
+    """Table rows the positions need (reads them: not during a CUDA-graph capture)."""
+    if not positions.numel():
+        return 1
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= MAX_POSITION:
+        raise ValueError(f"{op}: positions span [{lo}, {hi}]; expected every position in [0, 2**24). "
+                         f"Positions are per sequence; reset them at each sequence start")
+    return hi + 1
+
+
+def rope_backward(grad: torch.Tensor, positions: torch.Tensor, theta: float = 1e6) -> torch.Tensor:
+    """Gradient of :func:`rope` in x: the rotation by the opposite angle, with the forward's tables.
+
+    ``dx = [dy1*c + dy2*s, dy2*c - dy1*s]``, ``dy1, dy2 = dy[..., :D/2], dy[..., D/2:]``,
+    ``c, s = cos[positions], sin[positions]``
+
+    Parameters
+    ----------
+    grad : Tensor, bfloat16/float16/float32, [T, n_heads, D] or [T, D]
+        ``dy``, the gradient of rope's output (x's dtype and shape).
+    positions : Tensor, int64 or int32, [T], on grad's device
+        The forward's positions, in [0, 2**24).
+    theta : float
+        The forward's RoPE base.
+
+    Returns
+    -------
+    Tensor, grad's dtype, grad's shape
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`rope` (with ``grad`` in place of ``x``).
+    rlkernel.dispatch.BackwardNotDefined
+        grad requires grad with grad mode on (no double backward).
+
+    Bitwise semantics
+    -----------------
+    The forward's correctly rounded fp32 tables (:func:`rope_tables`, R8, the same cache); in
+    fp32 ``dx1 = RN(RN(dy1*c) + RN(dy2*s))``, ``dx2 = RN(RN(dy2*c) - RN(dy1*s))`` (no FMA), then
+    rounded to grad's dtype; NaN canonical. Invariances: batch, permutation, chunking, repeat.
+    Contract ``rope_backward`` v1.
+    """
+    op = "rope_backward"
+    device = _check(op, "grad", grad, positions, theta)
+    cos, sin = _tables(grad.shape[-1], float(theta), device, _rows_needed(op, positions))
+    return dispatch.call(op, device, grad=v.contiguous(grad), positions=v.contiguous(positions.to(torch.int64)),
+                         cos=cos, sin=sin)

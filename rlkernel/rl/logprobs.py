@@ -8,8 +8,10 @@ log-prob has the same bits whatever the micro-batch size, the packing order, the
 size, the tensor-parallel degree — and the same bits the rollout engine computed for it while
 generating with prefill, chunked prefill and decode over the paged KV cache.
 
-Run it under ``torch.no_grad()`` (or ``inference_mode``): the ops have no backward contract
-yet (training backward is a later step), so there is no backward through the model in this version.
+It is the scoring path (old log-probs, reference log-probs, validation); run it under
+``torch.no_grad()``. The training forward with autograd is
+:func:`rlkernel.train.grpo.completion_logprobs`, which also records the sequences as the units
+of the weight gradients (:mod:`rlkernel.grads`).
 
 Entropy is not offered: ``-sum_v p_v log p_v`` over the vocabulary needs an exact reduction of
 its own (a ``token_entropy`` op contract, or an entropy output of ``token_logprobs``), which does

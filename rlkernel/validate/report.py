@@ -11,7 +11,7 @@ import torch
 
 from rlkernel.environment import describe, git_commit
 
-__all__ = ["document", "markdown", "summary", "write"]
+__all__ = ["document", "markdown", "summary", "train_header", "train_row", "write"]
 
 
 def document(doc: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +31,8 @@ def _ratio_cells(r: dict[str, Any]) -> str:
 
 def summary(doc: dict[str, Any]) -> list[str]:
     """A few lines for the terminal: verdict, mismatches next to the baseline's, hashes, timing ratios."""
+    if doc.get("mode") == "train":
+        return _train_summary(doc)
     s, h, m = doc["summary"], doc["hashes"], doc["model"]
     lines = [f"model: {m['source']}, {m['dtype']} on {doc['device']}, {m['parameters']:,} parameters, "
              f"sha256 {m['model_sha256'][:16]}",
@@ -73,6 +75,8 @@ def _op_name(op: dict[str, Any]) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     """The report for people: settings, rollout hashes, ours next to the baseline, timing, layers."""
+    if doc.get("mode") == "train":
+        return _train_markdown(doc)
     env, m = doc["environment"], doc["model"]
     where = env.get("gpu_name") or env.get("cpu_model")
     lines = [
@@ -146,6 +150,119 @@ def markdown(doc: dict[str, Any]) -> str:
                 if op["differing_elements"]:
                     lines.append(f"| {_op_name(op)} | {op['tokens']} | {op['differing_tokens']} | "
                                  f"{op['differing_elements']} | {_g(op['max_abs_diff'])} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the N-step training mode (--train-steps)
+def train_header(baseline: bool) -> list[str]:
+    """The per-step table's header lines (:func:`train_row` gives the rows)."""
+    if not baseline:
+        return [f"{'step':>5}  {'reward':>7}  {'mismatches':>14}  {'max|ratio-1|':>12}  {'loss':>10}  "
+                f"{'grad norm':>9}  weights sha256"]
+    return [f"{'':>5}  {'reward':^17}  {'mismatches (of tokens)':^27}  {'max |ratio-1|':^21}",
+            f"{'step':>5}  {'ours':>8} {'ordinary':>8}  {'ours':>13} {'ordinary':>13}  {'ours':>10} "
+            f"{'ordinary':>10}  ours weights sha256"]
+
+
+def _of(m: dict[str, Any]) -> str:
+    return f"{m['mismatches']}/{m['tokens']}"
+
+
+def train_row(ours: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """One step of the table: ours (and the ordinary path's) reward, mismatches, max |ratio-1|."""
+    if base is None:
+        return (f"{ours['step']:>5}  {ours['reward']:>7.4f}  {_of(ours):>14}  {ours['max_ratio_dev']:>12.3g}  "
+                f"{ours['loss']:>10.4g}  {ours['grad_norm']:>9.4g}  {ours['weights_sha256'][:16]}")
+    return (f"{ours['step']:>5}  {ours['reward']:>8.4f} {base['reward']:>8.4f}  {_of(ours):>13} {_of(base):>13}  "
+            f"{ours['max_ratio_dev']:>10.3g} {base['max_ratio_dev']:>10.3g}  {ours['weights_sha256'][:16]}")
+
+
+def _train_summary(doc: dict[str, Any]) -> list[str]:
+    s, m = doc["summary"], doc["model"]
+    o, b = s["ours"], s["baseline"]
+    lines = [f"model: {m['source']}, {m['dtype']} on {doc['device']}, {m['parameters']:,} parameters, initial "
+             f"sha256 {m['initial_sha256'][:16]}",
+             f"rlkernel: {s['steps']} steps, {o['mismatches']} of {o['tokens']} completion tokens mismatch "
+             f"(rollout vs trainer, before each update), max |ratio-1| {_g(o['max_abs_ratio_minus_1'])}; reward "
+             f"{_g(o['reward_first'], '.4f')} -> {_g(o['reward_last'], '.4f')}; final weights sha256 "
+             f"{o['final_sha256']}"]
+    if b is not None:
+        lines.append(f"ordinary ({doc['baseline']['name']} {doc['baseline']['dtype']}, torch AdamW): "
+                     f"{b['mismatches']} of {b['tokens']} tokens mismatch in {b['steps_with_mismatches']} of "
+                     f"{s['steps']} steps, max |ratio-1| {_g(b['max_abs_ratio_minus_1'])}; reward "
+                     f"{_g(b['reward_first'], '.4f')} -> {_g(b['reward_last'], '.4f')}; final weights sha256 "
+                     f"{b['final_sha256']}")
+    c = doc["micro_batch_check"]
+    if c is not None:
+        lines.append(f"micro-batch check {','.join(str(x) for x in c['sizes'])}: " + (
+            "same final weights sha256" if c["ok"] else "DIFFERENT final weights: " + ", ".join(
+                f"{r['micro_batch_size']}: {r['final_sha256'][:16]}" for r in c["runs"])))
+    lines.append(f"{'OK' if doc['ok'] else 'FAILED'}: {o['mismatches']} mismatches in {s['steps']} steps"
+                 + ("" if b is None else f" (ordinary path: {b['mismatches']})")
+                 + ("" if c is None else f"; micro-batch check {'passed' if c['ok'] else 'FAILED'}"))
+    return lines
+
+
+def _train_markdown(doc: dict[str, Any]) -> str:
+    env, m, s, g = doc["environment"], doc["model"], doc["summary"], doc["grpo"]
+    where = env.get("gpu_name") or env.get("cpu_model")
+    base = doc["baseline"]
+    o = s["ours"]
+    lines = [
+        f"# rlkernel validate --train-steps {s['steps']}: {'OK' if doc['ok'] else 'FAILED'}", "",
+        f"Commit `{doc['commit']}`, command `{' '.join(doc['command'] or [])}`, {doc['created']}.", "",
+        f"Device {doc['device']} ({where}), torch {env.get('torch')}, triton {env.get('triton')}, "
+        f"python {env.get('python')}, {env.get('platform')}.", "",
+        f"Model: {m['source']}, {m['dtype']}, {m['parameters']:,} parameters; initial weights sha256 "
+        f"`{m['initial_sha256']}`.", "",
+        f"GRPO: {g['prompts_per_step']} prompts x {g['group_size']} completions per step, temperature "
+        f"{g['temperature']}, AdamW lr {g['lr']} betas {tuple(g['betas'])} weight decay {g['weight_decay']}, clip "
+        f"[1 - {g['clip_low']}, 1 + {g['clip_high']}], KL coef {g['kl_coef']}, {g['loss_agg_mode']}, micro-batch "
+        f"{g['micro_batch_size'] or 'whole batch'}, grad clip {g['max_grad_norm']}.", "",
+        f"**Final weights sha256 (rlkernel): `{o['final_sha256']}`**", "",
+    ]
+    if base is not None:
+        lines += [f"Ordinary path: transformers `Qwen3ForCausalLM` {base['dtype']} ({base['attn_implementation']}), "
+                  f"`generate` with its KV cache for the rollout, a full forward for the trainer, fp32 master "
+                  f"weights with torch.optim.AdamW and `clip_grad_norm_`; same initial weights (sha256 "
+                  f"`{base['initial_sha256']}`), prompts and rewards; its final weights sha256 "
+                  f"`{s['baseline']['final_sha256']}`.", ""]
+    else:
+        lines += ["No ordinary path (`--baseline none`, or transformers is not installed).", ""]
+    lines += ["Mismatches: completion tokens whose trainer log-prob, before the step's update, has other float32 "
+              "bits than the rollout's; max |ratio-1|: `max |exp(trainer - rollout) - 1|` over them.", "",
+              "## Per step", ""]
+    if base is not None:
+        lines += ["| step | reward (ours) | reward (ordinary) | mismatches (ours) | mismatches (ordinary) | "
+                  "max \\|ratio-1\\| (ours) | max \\|ratio-1\\| (ordinary) | loss (ours) | grad norm (ours) | "
+                  "weights sha256 (ours) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for st in doc["steps"]:
+            a, b = st["ours"], st["baseline"]
+            lines.append(f"| {a['step']} | {a['reward']:.4f} | {b['reward']:.4f} | **{_of(a)}** | {_of(b)} | "
+                         f"{_g(a['max_ratio_dev'])} | {_g(b['max_ratio_dev'])} | {_g(a['loss'], '.4g')} | "
+                         f"{_g(a['grad_norm'], '.4g')} | `{a['weights_sha256'][:16]}` |")
+    else:
+        lines += ["| step | reward | mismatches | max \\|ratio-1\\| | loss | KL | grad norm | weights sha256 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for st in doc["steps"]:
+            a = st["ours"]
+            lines.append(f"| {a['step']} | {a['reward']:.4f} | **{_of(a)}** | {_g(a['max_ratio_dev'])} | "
+                         f"{_g(a['loss'], '.4g')} | {_g(a['kl'], '.4g')} | {_g(a['grad_norm'], '.4g')} | "
+                         f"`{a['weights_sha256'][:16]}` |")
+    c = doc["micro_batch_check"]
+    if c is not None:
+        lines += ["", "## Micro-batch invariance", "",
+                  "rlkernel again from the initial weights, once per micro-batch size: every run must end with "
+                  "the main run's weights. " + ("**Same final weights sha256.**" if c["ok"] else
+                                                 "**Different final weights.**"), "",
+                  "| micro-batch | final weights sha256 | first step differing from the main run |", "|---|---|---|"]
+        for r in c["runs"]:
+            first = r["first_step_differing_from_main"]
+            lines.append(f"| {r['micro_batch_size']} | `{r['final_sha256']}` | {'none' if first is None else first} |")
+    lines += ["", "## Time", "", f"Whole run {_g(doc['seconds'])} s (both sides). rlkernel rollout "
+              f"{_g(o['rollout_s'])} s, update {_g(o['train_s'])} s"
+              + ("" if base is None else f"; ordinary rollout {_g(s['baseline']['rollout_s'])} s, update "
+                                         f"{_g(s['baseline']['train_s'])} s") + "."]
     return "\n".join(lines) + "\n"
 
 

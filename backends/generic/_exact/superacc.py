@@ -67,12 +67,11 @@ def normalize_limbs(x: torch.Tensor) -> torch.Tensor:
     limb 0 up.
     """
     x = x.clone()
-    mask = (1 << LIMB_BITS) - 1
     while True:  # ends: each pass leaves limbs 0..15 below 2**16 plus the carry they received
         c = x[..., :NUM_LIMBS] >> LIMB_BITS
         if not bool((c != 0).any()):
             break
-        x[..., :NUM_LIMBS] &= mask
+        x[..., :NUM_LIMBS] -= c << LIMB_BITS  # floor carry: the low 16 bits stay
         x[..., 1:NUM_LIMBS + 1] += c
     return x
 
