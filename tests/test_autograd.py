@@ -7,8 +7,7 @@ the op, the inputs that require grad and how to proceed) or return outputs whose
 one the op defines; no float output may come back silently detached. Under ``torch.no_grad()``,
 ``torch.inference_mode()`` and with detached inputs every op runs and gives the bits of the plain
 call. The backwards that exist (``linear``, ``ppo_loss``, ``rms_norm``, ``silu_mul``, ``rope``, ``kl_k3``,
-``token_logprobs``,
-``masked_mean``) are checked against float64 autograd of the same math: accuracy tests, with the
+``masked_mean``, ``token_logprobs``) are checked against float64 autograd of the same math: accuracy tests, with the
 tolerance in their names and docstrings.
 """
 
