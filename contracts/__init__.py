@@ -25,6 +25,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "softmax",
     "log_softmax",
     "token_logprobs",
+    "token_logprobs_backward",
     "attention",
     "all_reduce",
     "sample",

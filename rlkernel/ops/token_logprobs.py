@@ -1,5 +1,6 @@
 """``rlkernel.ops.token_logprobs``: bitwise-reproducible token log-probabilities under the LM head
-(contract ``token_logprobs`` v2), and its vocabulary-sharded (tensor-parallel) form."""
+(contract ``token_logprobs`` v2), its vocabulary-sharded (tensor-parallel) form, and its backward
+(contract ``token_logprobs_backward`` v1), wired into autograd."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from typing import cast
 import torch
 
 from rlkernel import _validate as v
-from rlkernel import dispatch
+from rlkernel import dispatch, grads
+from rlkernel.ops.exact_sum import exact_sum_merge, exact_sum_partial
 
 #: Largest vocabulary (all shards together): V * 2**40 < 2**63 (exact probability sum, F = 40).
 MAX_VOCAB = 1 << 22
 #: Largest hidden size of the digit matmul: H * 2**47 < 2**63.
 MAX_HIDDEN = (1 << 16) - 1
+#: Largest token count of one d_weight unit: the exact int64 digit product over tokens (|C| <= T * 2**47 < 2**63).
+MAX_UNIT_TOKENS = (1 << 16) - 1
+#: Elements of per-unit d_weight terms held at once before they are folded into an exact state.
+_TERMS_BUDGET = 1 << 24
 #: Token ids may come as int64 or int32 (as for embedding); the kernels always receive int64.
 _IDS = (torch.int64, torch.int32)
 
@@ -115,7 +121,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     Notes
     -----
     Non-contiguous inputs are read through contiguous copies. The [T, V] logits are never
-    held whole: the backend works on bounded token x vocabulary blocks.
+    held whole: the backend works on bounded token x vocabulary blocks. Differentiable in
+    ``hidden`` and ``weight``: ``backward()`` runs :func:`token_logprobs_backward` (the LM
+    head's gradient per sequence unit of :mod:`rlkernel.grads`, summed exactly); see
+    :class:`TokenLogprobsFunction`.
     {semantics}
     """
     op = "token_logprobs"
@@ -126,8 +135,162 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         raise ValueError(f"{op}: vocab={vocab} exceeds the exact-sum bound {MAX_VOCAB} (2**22) for int64 "
                          f"accumulation with 40 fraction bits; shard the vocabulary (token_logprobs_partial)")
     _targets_in(op, targets, 0, vocab, f"V = {vocab}")
-    return dispatch.call(op, device, hidden=v.contiguous(hidden), weight=v.contiguous(weight),
-                         targets=v.contiguous(targets.to(torch.int64)), temperature=tau)
+    ids = v.contiguous(targets.to(torch.int64))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        out: torch.Tensor = TokenLogprobsFunction.apply(v.contiguous(hidden), v.contiguous(weight), ids, tau)
+        return out
+    return dispatch.call(op, device, hidden=v.contiguous(hidden), weight=v.contiguous(weight), targets=ids,
+                         temperature=tau)
+
+
+class TokenLogprobsFunction(torch.autograd.Function):
+    """Autograd for :func:`token_logprobs`: the backward is :func:`token_logprobs_backward`.
+
+    - ``d_hidden``: per token (a token's row depends only on its own grad, hidden row and
+      target), so batch and micro-batch invariant like the forward.
+    - ``d_weight``: one :func:`token_logprobs_backward` call per sequence unit ``u``
+      (:func:`rlkernel.grads.current_units`, captured at forward time: the sequences inside
+      :func:`rlkernel.grads.sequence_units`, else the whole call), each an exact digit product
+      over the unit's tokens rounded once to fp32; the per-unit terms are summed exactly
+      (:func:`rlkernel.grads.weight_grad`). No sequence spans two units, so the packing and the
+      micro-batching of whole sequences cannot change the bits of the LM head's gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature):  # type: ignore[no-untyped-def,override]
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature = temperature
+        ctx.units = grads.current_units(hidden.shape[0])
+        return dispatch.call("token_logprobs", hidden.device, hidden=hidden, weight=weight, targets=targets,
+                             temperature=temperature)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        hidden, weight, targets = ctx.saved_tensors
+        need_h, need_w = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+        g = grad.to(torch.float32).contiguous()
+        op, tau = "token_logprobs_backward", ctx.temperature
+        if not need_w:
+            dh, _ = dispatch.call(op, g.device, grad=g, hidden=hidden, weight=weight, targets=targets,
+                                  temperature=tau, need_hidden=need_h, need_weight=False)
+            return dh, None, None, None
+        spans = [(a, b) for a, b in zip(ctx.units, ctx.units[1:]) if b > a]
+        for a, b in spans:
+            _unit_bound(b - a)
+        if len(spans) == 1:  # the whole call is one unit
+            dh, dw = dispatch.call(op, g.device, grad=g, hidden=hidden, weight=weight, targets=targets,
+                                   temperature=tau, need_hidden=need_h, need_weight=True)
+            return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None, None
+        dh_parts: list[torch.Tensor] = []
+        state = None
+        per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
+        for g0 in range(0, len(spans), per_group):
+            terms = []
+            for a, b in spans[g0:g0 + per_group]:
+                dh_u, dw_u = dispatch.call(op, g.device, grad=g[a:b], hidden=hidden[a:b], weight=weight,
+                                           targets=targets[a:b], temperature=tau, need_hidden=need_h,
+                                           need_weight=True)
+                if dh_u is not None:
+                    dh_parts.append(dh_u)
+                terms.append(dw_u)
+            part = exact_sum_partial(torch.stack(terms))
+            state = part if state is None else exact_sum_merge(torch.stack([state, part]))
+        if state is None:  # no tokens
+            state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
+        dh = None
+        if need_h:
+            dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)
+        return dh, grads.deposit(weight, state), None, None
+
+
+def _unit_bound(tokens: int) -> None:
+    if tokens > MAX_UNIT_TOKENS:
+        raise ValueError(f"token_logprobs backward: the LM head's gradient of one sequence unit reduces over "
+                         f"{tokens} tokens, above the exact-sum bound 2**16 - 1 = {MAX_UNIT_TOKENS}; run the forward "
+                         f"inside rlkernel.grads.sequence_units(cu_seqlens) (one unit per sequence) or use smaller "
+                         f"micro-batches")
+
+
+def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                            temperature: float = 1.0, need_hidden: bool = True,
+                            need_weight: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of :func:`token_logprobs` in ``hidden`` and ``weight`` for ``grad = dL/dlogp``.
+
+    ``c_tv = grad_t (onehot_v(y_t) - softmax_tv) / tau``; ``d_hidden = c @ weight``; ``d_weight = c.T @ hidden``
+
+    Parameters
+    ----------
+    grad : Tensor, float32, [T]
+        Gradient of the loss with respect to each token's log-probability.
+    hidden : Tensor, bfloat16 or float16, [T, H]
+    weight : Tensor, hidden's dtype, [V, H], V <= 2**22
+    targets : Tensor, int64 or int32, [T], in [0, V)
+    temperature : float
+        As in :func:`token_logprobs`.
+    need_hidden, need_weight : bool
+        Which gradients to compute; the other is returned as None (and costs nothing).
+
+    Returns
+    -------
+    d_hidden : Tensor, hidden's dtype, [T, H], or None
+    d_weight : Tensor, float32, [V, H], or None
+        This call's tokens as one unit (T <= 2**16 - 1), rounded once to fp32. Sum several
+        calls' ``d_weight`` exactly with :func:`rlkernel.grads.weight_grad`, never in floating point.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`token_logprobs`; also ``grad`` not float32 [T], non-bool flags, or
+        ``need_weight`` with T > 2**16 - 1 tokens (the exact int64 product over tokens).
+
+    Notes
+    -----
+    The [T, V] logits are never held whole: the backend works on bounded token x vocabulary
+    blocks (the logits of a vocabulary block are computed twice when ``need_weight``: once
+    with the row sums and ``d_hidden``, once for ``d_weight``).
+
+    Bitwise semantics
+    -----------------
+    The forward's own exact construction gives ``p = exp_c(z - m)`` and ``L`` (the 2**-40 grid
+    sum ``S`` rounded once); ``q = RN32(p / L)``; off the target ``a = -q``, on it the exact
+    complement ``a_y = RN32(RN32((S - P_y) 2**-40) / L)`` (``P = RNE(p 2**40)``), so a token
+    whose probability is within 2**-24 of 1 keeps its gradient; ``s = RN32(grad /
+    fp32(temperature))``; ``c = RN_dtype(RN32(s * a))`` (the bf16/fp16 ``grad_logits`` of
+    autograd), NaN on rows whose log-probability is NaN. ``d_hidden`` is the linear v2 digit
+    product of ``c`` (28-bit rows) and the columns of ``weight`` (21-bit grids over the whole
+    vocabulary), its exact sum carried past int64 in two int64 words (chunk partials ``C >> 32``
+    and ``C & (2**32 - 1)``), rounded once to hidden's dtype: the bits cannot depend on how the
+    vocabulary is chunked. ``d_weight`` is the linear v2 digit product of ``c.T`` (28-bit rows
+    over this call's tokens) and ``hidden.T`` (21-bit rows), rounded once to fp32. NaN where
+    linear v2 puts it (a non-finite coefficient or operand row), canonical.
+    Invariances: batch and permutation of tokens (``d_hidden`` per token; ``d_weight`` of the
+    call independent of token order), reduction order (vocabulary and hidden axes), repeat.
+    Contract ``token_logprobs_backward`` v1 (``rlkernel.contracts.token_logprobs_backward``).
+    """
+    op = "token_logprobs_backward"
+    device = _operands(op, hidden, weight, targets, "weight")
+    tau = _temperature(op, temperature)
+    v.tensor(op, "grad", grad)
+    v.dtype(op, "grad", grad, (torch.float32,))
+    if tuple(grad.shape) != (hidden.shape[0],):
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}; expected [T] = [{hidden.shape[0]}], one "
+                         f"dL/dlogp per row of hidden (the gradient of token_logprobs' output)")
+    v.same_device(op, [("hidden", hidden), ("grad", grad)])
+    for name, flag in (("need_hidden", need_hidden), ("need_weight", need_weight)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{op}: {name} must be a bool, got {type(flag).__name__}")
+    vocab = weight.shape[0]
+    if vocab > MAX_VOCAB:
+        raise ValueError(f"{op}: vocab={vocab} exceeds the exact-sum bound {MAX_VOCAB} (2**22) of the forward's "
+                         f"probability sum")
+    if need_weight and hidden.shape[0] > MAX_UNIT_TOKENS:
+        raise ValueError(f"{op}: d_weight reduces over T = {hidden.shape[0]} tokens, above the exact-sum bound "
+                         f"2**16 - 1 = {MAX_UNIT_TOKENS}; call it per sequence (or in smaller pieces) and add the "
+                         f"d_weight terms exactly with rlkernel.grads.weight_grad")
+    _targets_in(op, targets, 0, vocab, f"V = {vocab}")
+    return dispatch.call(op, device, grad=v.contiguous(grad), hidden=v.contiguous(hidden),
+                         weight=v.contiguous(weight), targets=v.contiguous(targets.to(torch.int64)),
+                         temperature=tau, need_hidden=need_hidden, need_weight=need_weight)
 
 
 def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, targets: torch.Tensor,
@@ -240,3 +403,157 @@ def token_logprobs_finish(sum_int: torch.Tensor, target_d: torch.Tensor) -> torc
 # One text for the shared semantics, so the three docstrings cannot disagree.
 for _fn in (token_logprobs, token_logprobs_partial):
     _fn.__doc__ = (_fn.__doc__ or "").replace("    {semantics}\n", "\n" + _SEMANTICS.lstrip("\n") + "\n")
+
+
+def _int64_vector(op: str, name: str, t: object, size: int, what: str) -> torch.Tensor:
+    t = v.tensor(op, name, t)
+    v.dtype(op, name, t, (torch.int64,))
+    if tuple(t.shape) != (size,):
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected [{size}] ({what})")
+    return t
+
+
+def _exponent_values(op: str, name: str, e: torch.Tensor) -> None:
+    ok = ((e >= -149) & (e <= 128)) | (e == (1 << 20))
+    if e.numel() and not bool(ok.all()):
+        i = int((~ok).nonzero()[0, 0])
+        raise ValueError(f"{op}: {name}[{i}] = {int(e[i])}; expected exponents in [-149, 128] or the non-finite "
+                         f"sentinel 2**20, as phase 1 returns them (all-reduced with MAX over the shards)")
+
+
+def token_logprobs_backward_partial(grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor,
+                                    targets: torch.Tensor, vocab_start: int, row_max: torch.Tensor,
+                                    sum_int: torch.Tensor, temperature: float = 1.0,
+                                    exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                    need_weight: bool = True) -> tuple[torch.Tensor | None, ...]:
+    """One vocabulary shard's part of :func:`token_logprobs_backward` (tensor parallelism), two phases.
+
+    Phase 1 (``exponents=None``) returns ``(ec, ew)``: the exponents of the shard's coefficient rows
+    and weight columns; all-reduce both with MAX. Phase 2 (``exponents=(ec, ew)``) returns ``(hi,
+    lo, d_weight_shard)``: all-reduce ``hi`` and ``lo`` with SUM (int64, exact in any order), then
+    :func:`token_logprobs_backward_finish` gives ``d_hidden`` with the bits of the unsharded op;
+    ``d_weight_shard`` is this shard's rows of ``d_weight``, final.
+
+    Parameters
+    ----------
+    grad : Tensor, float32, [T]
+    hidden : Tensor, bfloat16 or float16, [T, H]
+    weight_shard : Tensor, hidden's dtype, [Vs, H]: rows ``vocab_start ..`` of the LM head
+    targets : Tensor, int64 or int32, [T]: global ids (the same tensor on every shard)
+    vocab_start : int
+    row_max : Tensor, float32, [T]
+        The forward's global row max (MAX over the shards of ``token_logprobs_partial`` phase 1).
+    sum_int : Tensor, int64, [T]
+        The forward's global probability sum (SUM over the shards of phase 2's ``sum_int``).
+    temperature : float
+    exponents : tuple of (Tensor int64 [T], Tensor int64 [H]), optional
+        Phase 2: the global exponents (MAX over the shards of phase 1).
+    need_weight : bool
+        Phase 2: also return this shard's rows of ``d_weight`` (else None).
+
+    Returns
+    -------
+    Phase 1: tuple (Tensor int64 [T], Tensor int64 [H]).
+    Phase 2: tuple (Tensor int64 [T, H], Tensor int64 [T, H], Tensor float32 [Vs, H] or None).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`token_logprobs_partial`; also bad ``row_max``/``sum_int``/``exponents`` dtypes or
+        shapes, exponents outside [-149, 128] and not 2**20, or (from the backend) a finite
+        ``row_max`` below one of this shard's logits.
+
+    Bitwise semantics
+    -----------------
+    Contract ``token_logprobs_backward`` v1, sharded form: each shard makes the coefficients of its
+    rows from the global ``m`` and ``S`` (the target's exact complement on the owner), puts them on
+    the global 28-bit row grids and the weight columns on the global 21-bit grids, and returns the
+    exact sum over its rows as two int64 words ``(sum C >> 32, sum C & (2**32 - 1))``.
+    """
+    op = "token_logprobs_backward_partial"
+    device = _operands(op, hidden, weight_shard, targets, "weight_shard")
+    tau = _temperature(op, temperature)
+    t, h = hidden.shape
+    v.tensor(op, "grad", grad)
+    v.dtype(op, "grad", grad, (torch.float32,))
+    if tuple(grad.shape) != (t,):
+        raise ValueError(f"{op}: grad has shape {tuple(grad.shape)}; expected [T] = [{t}]")
+    if isinstance(vocab_start, bool) or not isinstance(vocab_start, numbers.Integral):
+        raise TypeError(f"{op}: vocab_start must be a Python int, got {type(vocab_start).__name__}")
+    start = int(vocab_start)
+    if start < 0 or start + weight_shard.shape[0] > MAX_VOCAB:
+        raise ValueError(f"{op}: vocab_start = {start} with a shard of {weight_shard.shape[0]} rows; expected "
+                         f"0 <= vocab_start and vocab_start + Vs <= {MAX_VOCAB}")
+    _targets_in(op, targets, 0, MAX_VOCAB, "global ids of a vocabulary of at most 2**22")
+    v.tensor(op, "row_max", row_max)
+    v.dtype(op, "row_max", row_max, (torch.float32,))
+    if tuple(row_max.shape) != (t,):
+        raise ValueError(f"{op}: row_max has shape {tuple(row_max.shape)}; expected [T] = [{t}], the all-reduced "
+                         f"output of token_logprobs_partial's phase 1")
+    sum_int = _int64_vector(op, "sum_int", sum_int, t, "the all-reduced sum_int of token_logprobs_partial's phase 2")
+    if not isinstance(need_weight, bool):
+        raise TypeError(f"{op}: need_weight must be a bool, got {type(need_weight).__name__}")
+    tensors = [("hidden", hidden), ("grad", grad), ("row_max", row_max), ("sum_int", sum_int)]
+    ex = None
+    if exponents is not None:
+        if not isinstance(exponents, (tuple, list)) or len(exponents) != 2:
+            raise TypeError(f"{op}: exponents must be a pair (ec [T], ew [H]) from phase 1, all-reduced with MAX")
+        ec = _int64_vector(op, "ec", exponents[0], t, "one per token")
+        ew = _int64_vector(op, "ew", exponents[1], h, "one per hidden channel")
+        _exponent_values(op, "ec", ec)
+        _exponent_values(op, "ew", ew)
+        tensors += [("ec", ec), ("ew", ew)]
+        ex = (v.contiguous(ec), v.contiguous(ew))
+        if need_weight and t > MAX_UNIT_TOKENS:
+            raise ValueError(f"{op}: d_weight reduces over T = {t} tokens, above the exact-sum bound 2**16 - 1")
+    v.same_device(op, tensors)
+    return dispatch.call(op, device, grad=v.contiguous(grad), hidden=v.contiguous(hidden),
+                         weight_shard=v.contiguous(weight_shard), targets=v.contiguous(targets.to(torch.int64)),
+                         vocab_start=start, row_max=v.contiguous(row_max), sum_int=v.contiguous(sum_int),
+                         temperature=tau, exponents=ex, need_weight=need_weight)
+
+
+def token_logprobs_backward_finish(hi: torch.Tensor, lo: torch.Tensor, ec: torch.Tensor, ew: torch.Tensor,
+                                   out_dtype: torch.dtype) -> torch.Tensor:
+    """Finish the sharded backward: ``d_hidden = RN_out((hi 2**32 + lo) 2**(ec + ew - 47))``.
+
+    Parameters
+    ----------
+    hi, lo : Tensor, int64, [T, H]
+        SUM over the shards of :func:`token_logprobs_backward_partial` phase 2's words.
+    ec : Tensor, int64, [T]
+    ew : Tensor, int64, [H]
+        The global exponents (MAX over the shards of phase 1).
+    out_dtype : torch.dtype
+        hidden's dtype: ``torch.bfloat16`` or ``torch.float16``.
+
+    Returns
+    -------
+    Tensor, out_dtype, [T, H]: the bits of :func:`token_logprobs_backward`'s ``d_hidden``.
+
+    Bitwise semantics
+    -----------------
+    One rounding of the exact two-word value (P3'), NaN where ``ec`` or ``ew`` is the sentinel
+    2**20, canonical NaN. Contract ``token_logprobs_backward`` v1.
+    """
+    op = "token_logprobs_backward_finish"
+    hi, lo = v.tensor(op, "hi", hi), v.tensor(op, "lo", lo)
+    v.dtype(op, "hi", hi, (torch.int64,))
+    v.dtype(op, "lo", lo, (torch.int64,))
+    v.ndim(op, "hi", hi, 2, "[T, H]")
+    if tuple(lo.shape) != tuple(hi.shape):
+        raise ValueError(f"{op}: lo has shape {tuple(lo.shape)} but hi {tuple(hi.shape)}; expected both [T, H]")
+    ec = _int64_vector(op, "ec", ec, hi.shape[0], "one per token")
+    ew = _int64_vector(op, "ew", ew, hi.shape[1], "one per hidden channel")
+    _exponent_values(op, "ec", ec)
+    _exponent_values(op, "ew", ew)
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{op}: out_dtype is {out_dtype!r}; expected hidden's dtype, torch.bfloat16 or torch.float16")
+    limit = 1 << 62
+    for name, t in (("hi", hi), ("lo", lo)):
+        if t.numel() and bool((t.abs() >= limit).any() | (t == torch.iinfo(torch.int64).min).any()):
+            raise ValueError(f"{op}: {name} holds a value of magnitude >= 2**62; expected the int64 SUM of phase 2's "
+                             f"words (never through a float type)")
+    device = v.same_device(op, [("hi", hi), ("lo", lo), ("ec", ec), ("ew", ew)])
+    return dispatch.call(op, device, hi=v.contiguous(hi), lo=v.contiguous(lo), ec=v.contiguous(ec),
+                         ew=v.contiguous(ew), out_dtype=out_dtype)
