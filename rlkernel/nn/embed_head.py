@@ -5,10 +5,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlkernel import grads
 from rlkernel.distributed import all_reduce_exact
 from rlkernel.nn.linear import ShardId, frozen
 from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
-from rlkernel.ops import embedding, linear, token_logprobs, token_logprobs_finish, token_logprobs_partial
+from rlkernel.ops import (
+    embedding,
+    exact_sum_merge,
+    exact_sum_partial,
+    linear,
+    token_logprobs,
+    token_logprobs_backward_finish,
+    token_logprobs_backward_partial,
+    token_logprobs_finish,
+    token_logprobs_partial,
+)
 
 __all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
 
@@ -126,14 +137,11 @@ class ParallelLMHead(VocabParallelEmbedding):
         """
         if self.tp_size == 1:
             return token_logprobs(hidden, self.weight, targets, temperature)
-        row_max = token_logprobs_partial(hidden, self.weight, targets, self.vocab_start, temperature)
-        row_max = max_fp32(row_max, self.group)  # type: ignore[arg-type]
-        sum_int, target_d = token_logprobs_partial(hidden, self.weight, targets, self.vocab_start, temperature,
-                                                   row_max=row_max)
-        t = sum_int.shape[0]
-        both = torch.cat([sum_int, target_d.view(torch.int32).to(torch.int64)])
-        both = all_reduce_exact(both, "sum", self.group)
-        return token_logprobs_finish(both[:t].contiguous(), both[t:].to(torch.int32).view(torch.float32))
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.weight.requires_grad):
+            out: torch.Tensor = _ShardedLogprobs.apply(hidden, self.weight, targets, temperature, self.vocab_start,
+                                                       self.group)
+            return out
+        return _sharded_logprobs(hidden, self.weight, targets, temperature, self.vocab_start, self.group)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).
@@ -152,3 +160,71 @@ class ParallelLMHead(VocabParallelEmbedding):
         ``token_logprobs`` also uses), gathered over the ranks by copies.
         """
         return gather_cat(linear(hidden, self.weight, out_dtype=torch.float32), -1, self.group)
+
+
+def _sharded_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                      vocab_start: int, group: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The vocabulary-parallel forward: log-probs and the global row max and probability sum."""
+    row_max = token_logprobs_partial(hidden, weight, targets, vocab_start, temperature)
+    row_max = max_fp32(row_max, group)  # type: ignore[arg-type]
+    sum_int, target_d = token_logprobs_partial(hidden, weight, targets, vocab_start, temperature, row_max=row_max)
+    t = sum_int.shape[0]
+    both = torch.cat([sum_int, target_d.view(torch.int32).to(torch.int64)])
+    both = all_reduce_exact(both, "sum", group)
+    sums = both[:t].contiguous()
+    return token_logprobs_finish(sums, both[t:].to(torch.int32).view(torch.float32)), row_max, sums
+
+
+class _ShardedLogprobs(torch.autograd.Function):
+    """Autograd of the vocabulary-parallel log-probs (contract ``token_logprobs_backward``, sharded form).
+
+    ``d_hidden``: each rank's exact two-word part of the sum over its vocabulary rows on the global
+    grids (exponents all-reduced with MAX, words with SUM), finished once: the one-rank bits.
+    ``d_weight``: this rank's rows, one unit per sequence (:func:`rlkernel.grads.current_units`),
+    summed exactly by :func:`rlkernel.grads.deposit`, as the one-rank head does.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, vocab_start, group):  # type: ignore[no-untyped-def,override]
+        out, row_max, sums = _sharded_logprobs(hidden.detach(), weight.detach(), targets, temperature, vocab_start,
+                                               group)
+        ctx.save_for_backward(hidden, weight, targets, row_max, sums)
+        ctx.temperature, ctx.vocab_start, ctx.group = temperature, vocab_start, group
+        ctx.units = grads.current_units(hidden.shape[0])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        hidden, weight, targets, row_max, sums = ctx.saved_tensors
+        g = grad.to(torch.float32).contiguous()
+        tau, start, group = ctx.temperature, ctx.vocab_start, ctx.group
+        need_w = bool(ctx.needs_input_grad[1])
+        ec, ew = token_logprobs_backward_partial(g, hidden, weight, targets, start, row_max, sums, tau)[:2]
+        assert ec is not None and ew is not None
+        t = ec.shape[0]
+        exps = all_reduce_exact(torch.cat([ec, ew]), "max", group)
+        ec, ew = exps[:t].contiguous(), exps[t:].contiguous()
+        spans = [(a, b) for a, b in zip(ctx.units, ctx.units[1:]) if b > a] if need_w else [(0, t)]
+        his: list[torch.Tensor] = []
+        los: list[torch.Tensor] = []
+        states: list[torch.Tensor] = []
+        for a, b in spans:
+            hi, lo, dw = token_logprobs_backward_partial(g[a:b], hidden[a:b], weight, targets[a:b], start,
+                                                         row_max[a:b], sums[a:b], tau, exponents=(ec[a:b], ew),
+                                                         need_weight=need_w)
+            assert hi is not None and lo is not None
+            his.append(hi)
+            los.append(lo)
+            if dw is not None:
+                states.append(exact_sum_partial(dw.unsqueeze(0)))
+        words = all_reduce_exact(torch.cat([torch.cat(his), torch.cat(los)]), "sum", group)
+        dh = token_logprobs_backward_finish(words[:t], words[t:], ec, ew, hidden.dtype) if t else hidden.new_zeros(
+            hidden.shape)
+        gw = None
+        if need_w:
+            if states:
+                state = states[0] if len(states) == 1 else exact_sum_merge(torch.stack(states))
+            else:
+                state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
+            gw = grads.deposit(weight, state)
+        return (dh if ctx.needs_input_grad[0] else None), gw, None, None, None, None

@@ -79,17 +79,26 @@ def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = No
 
 
 def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float,
-                    group: Any = None) -> float:
+                    group: Any = None, replicated: Iterable[torch.Tensor] = ()) -> float:
     """Scale the gradients in place so their global norm is at most ``max_norm`` (torch's rule); returns the norm.
 
     ``coef = min(1, RN32(RN32(max_norm) / RN32(norm + RN32(1e-6))))``; where ``coef < 1`` each
     gradient becomes ``RN_dtype(RN32(fp32(g) * coef))``. ``norm`` is :func:`grad_norm` (exact
     sum). A non-finite norm leaves the gradients alone and is returned (check it and skip the
     step, as with torch's ``error_if_nonfinite=False``).
+
+    With a tensor-parallel ``group``, ``parameters`` are every rank's own (shards and replicated
+    weights alike) and ``replicated`` names those held whole on every rank: they count in the norm
+    on the group's rank 0 only, and are scaled on every rank.
     """
     if not isinstance(max_norm, (int, float)) or isinstance(max_norm, bool) or not max_norm > 0:
         raise ValueError(f"clip_grad_norm_: max_norm = {max_norm!r}; expected a number > 0")
-    norm = grad_norm(parameters, group)
+    parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    skip = {id(p) for p in replicated}
+    if group is not None and skip and torch.distributed.get_rank(group) != 0:
+        norm = grad_norm([p for p in parameters if id(p) not in skip], group)
+    else:
+        norm = grad_norm(parameters, group)
     if not norm < float("inf"):
         return norm
     mn, md = rn32(*float(max_norm).as_integer_ratio()).as_integer_ratio()

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from rlkernel import grads
+from rlkernel.model.loader import state_dict_hf
 from rlkernel.model.qwen3 import Qwen3ForCausalLM
 from rlkernel.nn.metadata import AttentionMetadata
 from rlkernel.rl.logprobs import micro_batches
@@ -139,10 +140,11 @@ class StepMetrics:
         return asdict(self)
 
 
-def weights_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 over the parameters in name order (name, dtype, shape and bytes of each)."""
+def weights_sha256(model: Qwen3ForCausalLM) -> str:
+    """SHA-256 of the whole weights: every Hugging Face-named tensor in name order (name, dtype,
+    shape and bytes), gathered over tensor-parallel ranks (every rank calls it and gets the hash)."""
     h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+    for name, p in sorted(state_dict_hf(model), key=lambda kv: kv[0]):
         t = p.detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -207,11 +209,6 @@ class GRPOTrainer:
                  ref_model: Qwen3ForCausalLM | None = None, llm: LLM | None = None) -> None:
         if config.kl_coef > 0 and ref_model is None:
             raise ValueError("GRPOTrainer: kl_coef > 0 needs a ref_model (a frozen copy of the initial policy)")
-        if model.tp_size > 1:
-            raise NotImplementedError(
-                f"GRPOTrainer: the model has a tensor-parallel group of {model.tp_size} ranks; the backward of the "
-                f"tensor-parallel layers (the exact all-reduce of column-parallel dX and of replicated weights' "
-                f"gradients) is not built yet. Train with a model without a group (TP 1)")
         self.model, self.task, self.config, self.ref_model = model, task, config, ref_model
         self.device = next(model.parameters()).device
         seqs = config.prompts_per_step * config.group_size
@@ -219,6 +216,8 @@ class GRPOTrainer:
                               max_model_len=model.config.max_position_embeddings, seed=config.seed)
         model.requires_grad_(True)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        #: weights held whole on every tensor-parallel rank (the norm gains)
+        self.replicated = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
         self.grads = grads.ExactGradients(self.params)
         self.optimizer = AdamW(self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
         self.step_index = 0
@@ -287,7 +286,11 @@ class GRPOTrainer:
         self.grads.finish()
         norm = math.nan
         if cfg.max_grad_norm is not None:
-            norm = clip_grad_norm_(self.params, cfg.max_grad_norm)
+            if self.model.tp_size > 1:
+                norm = clip_grad_norm_(self.params, cfg.max_grad_norm, group=self.model.group,
+                                       replicated=self.replicated)
+            else:
+                norm = clip_grad_norm_(self.params, cfg.max_grad_norm)
         self.optimizer.step()
         self.grads.zero()
         return {"loss": float(loss_acc.value()), "kl": float(kl_acc.value()) if cfg.kl_coef > 0 else 0.0,

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+
+from rlkernel.model.loader import state_dict_hf
+from rlkernel.model.qwen3 import Qwen3ForCausalLM
 
 __all__ = ["ReverseDigits", "init_weights_", "task_config"]
 
@@ -55,16 +57,17 @@ def _mix_seed(seed: int) -> int:
 
 
 @torch.no_grad()
-def init_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
-    """Fill every parameter deterministically: norm gains 1, other weights uniform with std ``std``.
+def init_weights_(model: Qwen3ForCausalLM, seed: int = 0, std: float = 0.02) -> Qwen3ForCausalLM:
+    """Fill every weight deterministically: norm gains 1, other weights uniform with std ``std``.
 
     ``w = RN_dtype(RN32(u * RN32(std * sqrt(3))))``, ``u`` in [-1, 1) on a 2**-23 grid from a hash
-    of (seed, parameter name, index): the same bits on every device, machine and torch version.
-    A parameter shared by two modules (tied embeddings) is filled once.
+    of (seed, Hugging Face tensor name, index in the whole tensor), loaded through the model's
+    weight loaders: the same bits on every device, machine, torch version and tensor-parallel
+    degree (under TP every rank calls it; the names and shapes are gathered).
 
     Parameters
     ----------
-    model : nn.Module
+    model : Qwen3ForCausalLM
     seed : int
     std : float
         Standard deviation of the uniform weights.
@@ -74,12 +77,14 @@ def init_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Modu
     The model.
     """
     amp = torch.tensor(std * 3.0 ** 0.5, dtype=torch.float64).to(torch.float32)
-    for name, p in model.named_parameters():
+    weights = []
+    for name, t in list(state_dict_hf(model)):
         if name.endswith("norm.weight"):
-            p.fill_(1.0)
-            continue
-        u = _uniform(name, seed, p.numel()).reshape(p.shape)
-        p.copy_(torch.mul(u, amp).to(p.dtype))
+            w = torch.ones(t.shape, dtype=torch.float32)
+        else:
+            w = torch.mul(_uniform(name, seed, t.numel()).reshape(t.shape), amp)
+        weights.append((name, w.to(t.dtype)))
+    model.load_weights(weights)
     return model
 
 
