@@ -363,7 +363,8 @@ def _validate_train(args: argparse.Namespace) -> int:
         temperature=args.temperature, lr=args.lr, weight_decay=args.weight_decay, kl_coef=args.kl_coef,
         loss_agg_mode=args.loss_agg_mode, micro_batch=args.grpo_micro_batch,
         max_grad_norm=args.max_grad_norm if args.max_grad_norm > 0 else None, micro_batch_check=check,
-        baseline=args.baseline, baseline_dtype=args.baseline_dtype)
+        baseline=args.baseline, baseline_dtype=args.baseline_dtype, hidden_size=args.hidden_size,
+        num_layers=args.num_layers, max_digits=args.max_digits, init_std=args.init_std)
     command = ["rlkernel", *getattr(args, "argv", sys.argv[1:])]
     torch.set_num_threads(args.threads or 1)  # the tiny model's ops gain nothing from more threads
     _sigterm_interrupts()
@@ -518,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="loss aggregation (default: %(default)s)")
     train.add_argument("--max-grad-norm", type=float, default=1.0,
                        help="global-norm gradient clip; 0 = none (default: %(default)s)")
+    train.add_argument("--hidden-size", type=int, default=64, help="tiny model width (default: %(default)s)")
+    train.add_argument("--num-layers", type=int, default=2, help="tiny model layers (default: %(default)s)")
+    train.add_argument("--max-digits", type=int, default=4,
+                       help="longest ReverseDigits prompt, 2..N digits (default: %(default)s)")
+    train.add_argument("--init-std", type=float, default=0.02, help="initial weights' std (default: %(default)s)")
     train.add_argument("--train-micro-batch-check", type=_int_list, action="append", default=[], metavar="N[,N...]",
                        help="run ours again once per micro-batch size from the same weights; all must end with "
                             "the same weights sha256")

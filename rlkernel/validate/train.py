@@ -85,6 +85,8 @@ class TrainConfig:
         transformers' model dtype (default ``dtype``; float32 allowed).
     hidden_size, num_layers : int
         The tiny model's shape (:func:`rlkernel.train.task_config`).
+    init_std : float
+        Standard deviation of the initial weights (:func:`rlkernel.train.init_weights_`).
     min_digits, max_digits : int
         :class:`ReverseDigits` prompt lengths.
     """
@@ -109,6 +111,7 @@ class TrainConfig:
     num_layers: int = 2
     min_digits: int = 2
     max_digits: int = 4
+    init_std: float = 0.02
 
     def check(self) -> None:
         """Raise ``ValueError`` for settings that cannot run (naming the flag to fix)."""
@@ -155,7 +158,7 @@ def build_task_model(cfg: TrainConfig, device: torch.device) -> Qwen3ForCausalLM
     """The tiny ReverseDigits Qwen3 (:func:`task_config`) with :func:`init_weights_` (seed ``cfg.seed``)."""
     config = Qwen3Config.from_dict(task_config(hidden_size=cfg.hidden_size, num_layers=cfg.num_layers))
     model = Qwen3ForCausalLM(config, dtype=_DTYPES[cfg.dtype], device=device)
-    init_weights_(model, seed=cfg.seed)
+    init_weights_(model, seed=cfg.seed, std=cfg.init_std)
     return model
 
 
@@ -225,7 +228,7 @@ def run_train(cfg: TrainConfig, on_step: StepCallback | None = None,
     doc: dict[str, Any] = {
         "mode": "train", "settings": asdict(cfg), "device": str(device), "command": command,
         "model": {"source": f"ReverseDigits tiny Qwen3 (task_config hidden {cfg.hidden_size}, {cfg.num_layers} "
-                            f"layers), init_weights_ seed {cfg.seed}",
+                            f"layers), init_weights_ seed {cfg.seed} std {cfg.init_std}",
                   "dtype": cfg.dtype, "config": {k: v for k, v in vars(model.config).items() if k != "extra"},
                   "parameters": sum(p.numel() for p in model.parameters()), "initial_sha256": initial},
         "grpo": asdict(cfg.grpo_config(cfg.micro_batch)),
