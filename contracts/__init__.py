@@ -23,6 +23,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "token_logprobs",
     "attention",
+    "attention_backward",
     "all_reduce",
     "sample",
     "group_advantages",

@@ -33,6 +33,7 @@ KERNELS = {
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
     "attention": "attention:attention",
     "attention_paged": "attention:attention_paged",
+    "attention_backward": "attention_backward:attention_backward",
     "all_reduce": "all_reduce:all_reduce",
     "sample": "sample:sample",
     "group_advantages": "rl:group_advantages",
