@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlkernel.ops.adamw import adamw
 from rlkernel.ops.all_reduce import all_reduce
-from rlkernel.ops.attention import attention, attention_paged
+from rlkernel.ops.attention import attention, attention_backward, attention_paged
 from rlkernel.ops.embedding import embedding
 from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 from rlkernel.ops.group_advantages import group_advantages
@@ -27,8 +27,8 @@ from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
 
 __all__ = [
-    "adamw", "all_reduce", "attention", "attention_paged", "embedding", "exact_sum_finish", "exact_sum_merge",
-    "exact_sum_partial", "group_advantages", "kl_k3", "linear",
+    "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_finish",
+    "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "ppo_loss",
     "rms_norm", "rope", "rope_table_rows", "rope_tables", "sample", "sgd", "silu_mul", "softmax", "token_logprobs",
     "token_logprobs_finish", "token_logprobs_partial",
