@@ -5,8 +5,8 @@ for packed (varlen) sequences, grouped-query heads and the bottom-right causal m
 forward. The construction is FlashAttention-2's backward with every step pinned:
 
 1. the forward's probabilities are recomputed exactly as ``attention`` v2 builds them (scores,
-   reference max, ``exp_c``, the integer ``P`` on the 2**-40 grid, the denominator ``L``), and
-   normalised as the forward's output is: ``pn = RN32(RN32(P 2**(e_l - 40)) ÷ RN32(L 2**(e_l - 40)))``;
+   reference max, ``p = exp_c(s - ref)``, the integers ``P`` on the 2**-40 grid and their sum
+   ``L``), and normalised by the forward's denominator: ``pn = RN32(p ÷ RN32(L 2**(e_l - 40)))``;
 2. ``D_i = dO_i . O_i`` and ``dP_ij = dO_i . V_j`` are exact digit products (linear v2's grids:
    dO rows on 28 bits, O and V rows on 21 bits), each rounded once to fp32;
 3. ``dS_ij = RN32(pn_ij * RN32(dP_ij - D_i))``, rounded to the input dtype (as FlashAttention
@@ -34,7 +34,7 @@ from rlkernel.contracts._exact.digits import digit_matmul, int_matmul, nonfinite
 from rlkernel.contracts._exact.fixed import quantize
 from rlkernel.contracts._exact.fp32 import expo, int2_to_float, int_to_float, max_r5, round_to
 from rlkernel.contracts._exact.transcendental import exp_c
-from rlkernel.contracts._gen import normal, seed_of, special_values, with_outlier_channels
+from rlkernel.contracts._gen import integers, normal, seed_of, special_values, with_outlier_channels
 from rlkernel.contracts.attention import MAX_GAP, P_BITS, cu_of, resolve_scale
 from rlkernel.contracts.attention import make_pack as _forward_pack
 from rlkernel.contracts.attention import reference as attention_reference
@@ -55,7 +55,7 @@ CONTRACT = Contract(
     name="attention_backward",
     version=1,
     summary=("dQ = RN(scale dS K), dK = RN(scale sum_heads dS^T Q), dV = RN(sum_heads pn^T dO), "
-             "dS = RN32(pn RN32(dP - D)) -> dtype, dP = RN32(dO.V), D = RN32(dO.O), pn = P / L of attention v2; "
+             "dS = RN32(pn RN32(dP - D)) -> dtype, dP = RN32(dO.V), D = RN32(dO.O), pn = p / l of attention v2; "
              "every product an exact digit sum rounded once"),
     invariances=("batch", "permutation", "tp_degree", "repeat"),
     dtypes={
@@ -71,15 +71,16 @@ CONTRACT = Contract(
         "forward_scores": "s = RN32(y * scale_f), y the attention v2 score (q and k rows on 21-bit grids, the exact "
                           "integer dot rounded once to fp32 and scaled by 2**(e_q + e_k - 40)); scale_f = RN32(scale) "
                           "or the correctly rounded RN32(1/sqrt(D))",
-        "causal_mask": "bottom-right causal as in attention: query i (0-based in its segment) sees keys 0 .. lk - lq + i",
+        "causal_mask": "bottom-right causal as in attention: query i (0-based in its segment) sees keys 0 .. lk - lq + "
+                       "i; pairs outside the mask (and keys of other sequences) contribute exact zeros",
         "reference_max": "ref = max(c, RN32(m - 64)) of attention v2 (c: max score over allowed keys with a non-zero "
                          "V row)",
         "exp_c": "p = exp_c(RN32(s - ref)): the contract exp of attention v2",
         "p_bits": "P = RNE(p * 2**(40 - e_l)), e_l = expo(exp_c(RN32(m - ref))); L = sum_j P (exact int64): the "
                   "integers of attention v2's denominator",
         "p_rounding": "P is placed on its grid to nearest, ties to even",
-        "normalisation": "pn = RN32(RN32(P * 2**(e_l - 40)) ÷ RN32(L * 2**(e_l - 40))): each integer rounded once "
-                         "to fp32 (P3'), one IEEE fp32 division",
+        "normalisation": "pn = RN32(p ÷ l): p the fp32 exp_c value, l = RN32(L * 2**(e_l - 40)) the forward's "
+                         "denominator (the exact integer rounded once, P3'); one IEEE fp32 division",
         "do_grid_bits": "dO rows (over D) on 28-bit grids RNE(dO * 2**(27 - e)) in D and dP (X_BITS = 27)",
         "ov_grid_bits": "O rows and V rows (over D) on 21-bit grids RNE(x * 2**(20 - e)) in D and dP (W_BITS = 20)",
         "row_products": "D_i = RN32(sum_d dO_id O_id) and dP_ij = RN32(sum_d dO_id V_jd) on those grids: exact "
@@ -98,13 +99,11 @@ CONTRACT = Contract(
                           "multiplies C exactly, then one rounding straight to q.dtype",
         "output_rounding": "dQ, dK, dV: the exact value rounded once, to nearest, ties to even, straight to q.dtype "
                            "(P3': subnormals kept, overflow to +-inf)",
-        "masked_pairs": "pairs outside the mask (and keys of other sequences) contribute exact zeros",
         "nonfinite_rule": "a row (query, head) is bad when the forward's row is NaN (NaN/inf in q or an allowed k, an "
                           "allowed non-finite V row, +inf scores, no allowed key) or its dO or out row holds NaN/inf; "
                           "its allowed dS and pn are NaN; dQ row i is NaN when row i is bad or one of its dS is "
                           "non-finite after the cast, dK/dV row j when a dS/pn of key j is; other non-finite entries "
                           "of K, Q, dO read as 0 on their grids",
-        "reduction_bound": "lk <= 2**16 - 1 per sequence and (Hq/Hkv) * lq <= 2**16 - 1: beyond, a ValueError",
     },
 )
 
@@ -164,11 +163,9 @@ def _probabilities(s: torch.Tensor, allowed: torch.Tensor, vzero: torch.Tensor,
     top = exp_c(m - ref)
     e_l = torch.where(torch.isfinite(top), expo(torch.where(torch.isfinite(top), top, torch.ones_like(top))),
                       torch.ones_like(m, dtype=torch.int64))
-    big_p = quantize(p, e_l.unsqueeze(1).expand(lq, lk), P_BITS)  # the forward's integers
-    total = big_p.sum(dim=1)
-    den = int_to_float(total, e_l - P_BITS, torch.float32)
-    num = int_to_float(big_p, (e_l - P_BITS).unsqueeze(1), torch.float32)
-    return num / den.unsqueeze(1), bad  # IEEE fp32 division
+    total = quantize(p, e_l.unsqueeze(1).expand(lq, lk), P_BITS).sum(dim=1)  # the forward's L
+    den = int_to_float(total, e_l - P_BITS, torch.float32)  # the forward's denominator, RN32(L 2**(e_l - 40))
+    return p / den.unsqueeze(1), bad  # IEEE fp32 division
 
 
 def check_bounds(op: str, q_lens: Sequence[int], k_lens: Sequence[int], group: int) -> None:
@@ -220,8 +217,10 @@ def reference(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     pairs (i, j) (the forward's mask); every fp32 operation one IEEE round-to-nearest-even:
 
     1. ``s_ij``, ``m_i``, ``ref_i``, ``p_ij = exp_c(RN32(s_ij - ref_i))`` and ``e_l`` exactly as
-       ``attention`` v2; ``P_ij = RNE(p_ij 2**(40 - e_l))`` and ``L_i = sum_j P_ij`` (the forward's
-       denominator integers); ``pn_ij = RN32(RN32(P_ij 2**(e_l - 40)) ÷ RN32(L_i 2**(e_l - 40)))``.
+       ``attention`` v2; ``L_i = sum_j RNE(p_ij 2**(40 - e_l))`` (the forward's denominator
+       integer) and ``l_i = RN32(L_i 2**(e_l - 40))``; ``pn_ij = RN32(p_ij ÷ l_i)``. (``p_ij`` itself,
+       not its 2**-40 grid value: behind an attention sink 30 nats up, the grid keeps no bit of the
+       other keys' p, and dK lost 70 % of its norm; the forward's numerator keeps them too.)
     2. ``D_i = RN32(sum_d Xo_id Wo_id 2**(e_do + e_o - 47))`` with ``Xo = RNE(dO_i 2**(27 - e_do))``
        (28-bit grid of the dO row) and ``Wo = RNE(O_i 2**(20 - e_o))`` (21-bit grid of the out row);
        ``dP_ij = RN32(sum_d Xo_id Vint_jd 2**(e_do + e_j - 47))`` (``Vint`` the forward's 21-bit V grid).
@@ -463,6 +462,22 @@ def _noncontiguous() -> dict[str, Any]:
     return out
 
 
+def _wide_rows() -> dict[str, Any]:
+    """Every token's q, k, v and dO row scaled by its own power of two in [2**-24, 1]: the feature
+    columns of K, Q and dO span 24 binades, so their 21-bit grids round (ties included)."""
+    inp = _forward_pack("bwd_wide", [(10, 10), (3, 12)], 4, 2, 32, torch.bfloat16)
+
+    def spread(x: torch.Tensor, name: str) -> torch.Tensor:
+        e = integers(seed_of("attention_backward", "wide", name), (x.shape[0], 1, 1), -24, 1)
+        return (x.to(torch.float64) * torch.ldexp(torch.ones((), dtype=torch.float64), e.to(torch.float64))).to(x.dtype)
+
+    for name in ("q", "k", "v"):
+        inp[name] = spread(inp[name], name)
+    out = with_grads(inp, "wide")
+    out["grad_out"] = spread(out["grad_out"], "grad_out")
+    return out
+
+
 def _single_key() -> dict[str, Any]:
     """lq = lk = 1: pn = 1 and out = v, so dP = D exactly and dQ = dK = 0; dV = dO."""
     inp = _forward_pack("bwd_single", [(1, 1), (1, 1)], 4, 2, 32, torch.bfloat16)
@@ -503,6 +518,7 @@ def adversarial_cases() -> list[Case]:
         Case("negative_scale_bf16", "adversarial", _negative_scale),
         Case("huge_scores_bf16", "adversarial", _huge_scores),
         Case("noncontiguous_bf16", "adversarial", _noncontiguous),
+        Case("wide_rows_bf16", "adversarial", _wide_rows),
         Case("empty_segments_bf16", "adversarial",
              lambda: make_case("empty_segments", [(0, 5), (3, 3), (0, 0), (1, 9), (0, 2)], 4, 2, 32, bf16)),
         Case("empty_batch_bf16", "adversarial", lambda: make_case("empty_batch", [], 4, 2, 32, bf16)),

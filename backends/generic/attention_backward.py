@@ -4,8 +4,9 @@ Independent of the contract reference. Per sequence and KV head the [G, lq, lk] 
 G query heads is materialised (O(lq * lk) memory per KV head; blocks are visited one at a time):
 
 * the forward's scores are recomputed with the forward kernel's own digit GEMM helpers, and its
-  probabilities as the forward builds them (row max, reference max, ``exp_c``, the integer ``P``
-  on the 2**-40 grid, the denominator ``L``), normalised ``pn = fp32(P) / fp32(L)``;
+  probabilities as the forward builds them (row max, reference max, ``exp_c``, the integers ``P``
+  on the 2**-40 grid and their sum ``L``), normalised as the forward's output is:
+  ``pn = p / fp32(L)`` (``p`` the fp32 ``exp_c`` value, ``fp32(L)`` the forward's denominator);
 * ``D`` and ``dP`` are exact integer dot products on 28-bit (dO) and 21-bit (O, V) grids, each
   rounded once to fp32; ``dS = pn * (dP - D)`` in two fp32 roundings, then cast to the dtype;
 * dQ, dK and dV are exact digit products (the dS / pn operand on 28-bit grids in four balanced
@@ -41,9 +42,12 @@ from rlkernel.backends.generic.attention import _level_matmul, default_scale
 QK_GRID = 20
 P_BITS = 40
 MAX_GAP = 64.0
-#: Magnitude bits of the 28-bit operand (dO; dS / pn rows) and of the 21-bit one (O, V; K, Q, dO columns).
-X_BITS = 27
-W_BITS = 20
+#: Magnitude bits of the row products' grids: dO rows (28 bits), O and V rows (21 bits).
+DO_BITS = 27
+OV_BITS = 20
+#: Magnitude bits of the gradient products' grids: dS / pn rows (28 bits), K, Q, dO columns (21 bits).
+GX_BITS = 27
+GW_BITS = 20
 X_DIGITS, W_DIGITS = 4, 3
 #: Longest exact reduction of one product: |C| <= n * 2**47 < 2**63.
 MAX_REDUCTION = (1 << 16) - 1
@@ -78,29 +82,65 @@ def _round_once(c: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, scale: tup
     return int64_pair_to_float(hi, lo, SCALE_SPLIT, k + ks, dtype)
 
 
-def _product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
-             scale: tuple[int, int] | None = None) -> torch.Tensor:
+def _exact_product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, x_bits: int,
+                   w_bits: int) -> torch.Tensor:
+    """Exact int64 ``X @ W.T`` of x [M, K] and w [N, K] on their row grids (digit GEMMs)."""
+    return int_product(digit_planes(x, ex, x_bits, X_DIGITS), digit_planes(w, ew, w_bits, W_DIGITS))
+
+
+def _grad_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
+                  scale: tuple[int, int] | None = None) -> torch.Tensor:
     """``RN_dtype(scale * x @ w.T)``: x [M, K] on 28-bit row grids, w [N, K] on 21-bit row grids.
 
     Non-finite entries read as 0; an x row holding NaN/inf gives a NaN output row.
     """
     ex, ew = row_exponents(x), row_exponents(w)
-    c = int_product(digit_planes(x, ex, X_BITS, X_DIGITS), digit_planes(w, ew, W_BITS, W_DIGITS))
-    y = _round_once(c, ex.unsqueeze(1) + ew.unsqueeze(0) - X_BITS - W_BITS, dtype, scale)
+    c = _exact_product(x, w, ex, ew, GX_BITS, GW_BITS)
+    y = _round_once(c, ex.unsqueeze(1) + ew.unsqueeze(0) - GX_BITS - GW_BITS, dtype, scale)
     bad = (~torch.isfinite(x)).any(dim=-1)
     return torch.where(bad.unsqueeze(1), float("nan"), y)
 
 
-def _row_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """fp32 ``RN32(sum_d X_d W_d)`` per row: x on 28-bit, w on 21-bit grids (int64, exact)."""
-    ex, ew = row_exponents(x), row_exponents(w)
-    c = (grid_rows(x, ex, X_BITS) * grid_rows(w, ew, W_BITS)).sum(dim=-1)
-    return int64_to_float(c, ex + ew - X_BITS - W_BITS, torch.float32)
+def _kv_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
+                scale: tuple[int, int] | None = None) -> torch.Tensor:
+    """dK or dV of one KV head: x [G, lq, lk] (dS or pn), w [G, lq, D] (Q or dO): ONE exact sum over
+    every (head, query) of the group, ``[lk, D]``."""
+    g, lq, lk = x.shape
+    return _grad_product(x.reshape(g * lq, lk).T, w.reshape(g * lq, w.shape[-1]).T, dtype, scale)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The forward's fp32 scores [G, lq, lk] of q [G, lq, D] against k [lk, D]."""
-    eq, ek = row_exponents(q), row_exponents(k)
+def _to_fp32(c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The exact integers of D and dP rounded once to fp32 (P3')."""
+    return int64_to_float(c, k, torch.float32)
+
+
+def _normalise(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``pn = p / RN32(L)``: one IEEE fp32 division (never a reciprocal multiply)."""
+    return num / den
+
+
+def _ds(pn: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``dS = RN32(pn * RN32(dP - D))``."""
+    return pn * (dp - delta)
+
+
+def _cast_ds(ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dS to the input dtype (nearest even) before the dQ and dK products."""
+    return cast_out(ds, dtype)
+
+
+def _cast_p(pn: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """pn to the input dtype (nearest even) before the dV product."""
+    return cast_out(pn, dtype)
+
+
+def _bad_inputs(do: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """Rows whose dO or out holds NaN/inf (they are bad rows)."""
+    return (~torch.isfinite(do)).any(dim=-1) | (~torch.isfinite(o)).any(dim=-1)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, eq: torch.Tensor, ek: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The forward's fp32 scores [G, lq, lk] of q [G, lq, D] against k [lk, D] (row exponents eq, ek)."""
     qd = split_digits(grid_rows(q, eq, QK_GRID))  # [3, G, lq, D]
     kd = split_digits(grid_rows(k, ek, QK_GRID)).transpose(-1, -2)  # [3, D, lk]
     c = _level_matmul(qd, kd)
@@ -123,10 +163,9 @@ def _probabilities(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> t
     bad = torch.isnan(p).any(dim=-1) | (allowed & vbad).any(dim=-1)
     top = exp_c(m - ref)
     e_l = torch.where(torch.isfinite(top), exponent(torch.where(torch.isfinite(top), top, 1.0)), 1)
-    big_p = to_fixed(p, e_l.unsqueeze(-1), P_BITS)  # non-finite -> 0
-    den = int64_to_float(big_p.sum(dim=-1), e_l - P_BITS, torch.float32)
-    num = int64_to_float(big_p, (e_l - P_BITS).unsqueeze(-1), torch.float32)
-    return num / den.unsqueeze(-1), bad
+    big_l = to_fixed(p, e_l.unsqueeze(-1), P_BITS).sum(dim=-1)  # the forward's L (non-finite p -> 0)
+    den = int64_to_float(big_l, e_l - P_BITS, torch.float32)
+    return _normalise(torch.where(torch.isnan(p), 0.0, p), den.unsqueeze(-1)), bad
 
 
 def _host_list(t: torch.Tensor) -> list[int]:
@@ -163,6 +202,9 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dq = torch.zeros((tq, hq, d), dtype=dtype, device=dev)
     dk = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
     dv = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
+    # row exponents of every (token, head) row, once for the pack: each depends on its own row only
+    eq, ek = row_exponents(q), row_exponents(k)  # [Tq, Hq], [Tk, Hkv]
+    edo, eo, ev = row_exponents(grad_out), row_exponents(out), row_exponents(v)
     for b in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         lq, lk = q1 - q0, k1 - k0
@@ -180,23 +222,28 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             qg = q[q0:q1, heads].transpose(0, 1)  # [G, lq, D]
             do = grad_out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
             o = out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
-            row_bad = ((~torch.isfinite(do)).any(dim=-1) | (~torch.isfinite(o)).any(dim=-1)).view(group, lq)
+            e_do = edo[q0:q1, heads].T.reshape(-1)
+            e_o = eo[q0:q1, heads].T.reshape(-1)
+            row_bad = _bad_inputs(do, o).view(group, lq)
             if lk == 0:  # non-causal with no keys: the forward's rows are NaN
                 dq[q0:q1, heads] = float("nan")
                 continue
-            pn, bad = _probabilities(_scores(qg, kk, scale_t), allowed, vv)
+            s_g = _scores(qg, kk, eq[q0:q1, heads].T, ek[k0:k1, g], scale_t)
+            pn, bad = _probabilities(s_g, allowed, vv)
             bad = bad | row_bad
-            dp = _product(do, vv, torch.float32).view(group, lq, lk)
-            delta = _row_dot(do, o).view(group, lq, 1)
-            ds = pn * (dp - delta)
+            # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
+            e_v = ev[k0:k1, g]
+            dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
+                          e_do.unsqueeze(1) + e_v.unsqueeze(0) - DO_BITS - OV_BITS).view(group, lq, lk)
+            c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
+            delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(group, lq, 1)
+            ds = _ds(pn, dp, delta)
             keep = allowed & ~bad.unsqueeze(-1)
-            dsr = cast_out(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
-            pr = cast_out(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
-            gq = _product(dsr.reshape(group * lq, lk), kk.T, dtype, parts).view(group, lq, d)
+            dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
+            pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
+            gq = _grad_product(dsr.reshape(group * lq, lk), kk.T, dtype, parts).view(group, lq, d)
             gq = torch.where(bad.unsqueeze(-1), float("nan"), gq)
             dq[q0:q1, heads] = cast_out(gq, dtype).transpose(0, 1)
-            # dK, dV: one exact sum over every (query head, query) of the KV group
-            dk[k0:k1, g] = cast_out(_product(dsr.reshape(group * lq, lk).T, qg.reshape(group * lq, d).T, dtype,
-                                             parts), dtype)
-            dv[k0:k1, g] = cast_out(_product(pr.reshape(group * lq, lk).T, do.T, dtype), dtype)
+            dk[k0:k1, g] = cast_out(_kv_product(dsr, qg, dtype, parts), dtype)
+            dv[k0:k1, g] = cast_out(_kv_product(pr, do.view(group, lq, d), dtype), dtype)
     return cast_out(dq, dtype), dk, dv

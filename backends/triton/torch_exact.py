@@ -19,5 +19,5 @@ from rlkernel.backends.generic.optim import adamw, sgd
 from rlkernel.backends.generic.rl import group_advantages, masked_mean, ppo_loss
 from rlkernel.backends.generic.sample import sample
 
-__all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "masked_mean",
-           "ppo_loss", "sample", "sgd"]
+__all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
+           "group_advantages", "masked_mean", "ppo_loss", "sample", "sgd"]
