@@ -7,8 +7,8 @@ import importlib
 from rlkernel.conformance.accuracy.suite import Measurement
 
 #: Modules in report order; each defines ``measurements() -> list[Measurement]``.
-MODULES = ("linear", "token_logprobs", "attention", "rms_norm", "rope", "silu_mul", "softmax", "embedding",
-           "all_reduce", "sample", "rl", "optim")
+MODULES = ("linear", "token_logprobs", "attention", "attention_backward", "rms_norm", "rope", "silu_mul", "softmax",
+           "embedding", "all_reduce", "sample", "rl", "optim")
 
 
 def all_measurements(ops: list[str] | None = None) -> list[Measurement]:
