@@ -7,7 +7,8 @@ the op, the inputs that require grad and how to proceed) or return outputs whose
 one the op defines; no float output may come back silently detached. Under ``torch.no_grad()``,
 ``torch.inference_mode()`` and with detached inputs every op runs and gives the bits of the plain
 call. The backwards that exist (``linear``, ``ppo_loss``) are checked against float64 autograd of
-the same math: accuracy tests, with the tolerance in their names and docstrings.
+the same math: accuracy tests, with the tolerance in their names and docstrings (``attention``'s are in
+tests/test_attention_backward.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from rlkernel.dispatch import BackwardNotDefined
 from rlkernel.public import public_op
 
 #: The autograd nodes each op with a backward defines; any other grad_fn on an output is a bug.
-DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossFunctionBackward"}}
+DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossFunctionBackward"},
+                    "attention": {"AttentionFunctionBackward"}}
 
 
 def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
