@@ -23,8 +23,10 @@ backend, or repeats. ``out`` is the forward's output as given (saved by autograd
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -325,8 +327,17 @@ def with_grads(inp: dict[str, Any], tag: str, go_std: float = 1.0) -> dict[str, 
 
 def make_case(tag: str, lens: Sequence[tuple[int, int]], hq: int, hkv: int, d: int, dtype: torch.dtype,
               causal: bool = True, **kw: Any) -> dict[str, Any]:
-    """Deterministic inputs of sequences ``(lq, lk)`` (forward data of ``attention``'s generator)."""
-    return with_grads({**_forward_pack(f"bwd_{tag}", lens, hq, hkv, d, dtype, **kw), "causal": causal}, tag)
+    """Deterministic inputs of sequences ``(lq, lk)`` (forward data of ``attention``'s generator); built
+    once per argument set (the forward pass is the costly part), fresh copies on every call."""
+    made = _make_case_once(tag, tuple(tuple(x) for x in lens), hq, hkv, d, dtype, causal, tuple(sorted(kw.items())))
+    return {key: _copy(value) for key, value in made.items()}
+
+
+@functools.cache
+def _make_case_once(tag: str, lens: tuple[tuple[int, int], ...], hq: int, hkv: int, d: int, dtype: torch.dtype,
+                    causal: bool, kw: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return with_grads({**_forward_pack(f"bwd_{tag}", list(lens), hq, hkv, d, dtype, **dict(kw)), "causal": causal},
+                      tag)
 
 
 # --------------------------------------------------------------------------- golden cases
@@ -345,8 +356,8 @@ def golden_cases() -> list[Case]:
     ]
     cases = []
     for tag, lens, hq, hkv, d, dt, causal in specs:
-        cases.append(Case(tag, "golden", lambda t=tag, ls=lens, a=hq, b=hkv, c=d, dd=dt, cc=causal:
-                          make_case(t, ls, a, b, c, dd, cc)))
+        make: Callable[[], dict[str, Any]] = functools.partial(make_case, tag, lens, hq, hkv, d, dt, causal)
+        cases.append(Case(tag, "golden", _cached(tag, make)))
 
     def explicit_scale() -> dict[str, Any]:
         inp = _forward_pack("bwd_scale", [(6, 6), (1, 10)], 4, 2, 64, fp16)
@@ -355,8 +366,118 @@ def golden_cases() -> list[Case]:
         inp["scale"] = 0.1
         return with_grads(inp, "scale")
 
-    cases.append(Case("explicit_scale_int64_cu_fp16", "golden", explicit_scale))
+    name = "explicit_scale_int64_cu_fp16"
+    cases.append(Case(name, "golden", _cached(name, explicit_scale)))
     return cases
+
+
+# --------------------------------------------------------------------------- designed cases
+
+#: ``q = dO = [1, 2**-8, 2**-16, 0]`` of the designed decode rows: with scale 1, ``dK_j = dS_j q`` and
+#: ``dV_j = pn_j dO`` are exact, so a flip of one bf16 ``dS_j`` or ``pn_j`` reaches the output alone.
+_STEP = (1.0, 2.0**-8, 2.0**-16, 0.0)
+
+
+def _three_digits(x: float) -> list[float]:
+    """bf16 a, b, c with ``a + b 2**-8 + c 2**-16 == x`` exactly (any fp32 score or dP of these cases)."""
+    out, r = [], float(x)
+    for w in (1.0, 2.0**-8, 2.0**-16):
+        d = float(torch.tensor(r / w, dtype=torch.float64).to(torch.bfloat16))
+        out.append(d)
+        r -= d * w
+    assert r == 0.0, x
+    return out
+
+
+def _decode_row(scores: Sequence[float], v: Sequence[Sequence[float]],
+                grad_out: Sequence[float] = _STEP) -> dict[str, Any]:
+    """One query (a decode row, causal), one head, D = 4, explicit scale 1: key j's score is exactly
+    ``scores[j]`` (k_j = the three bf16 digits of it against q = [1, 2**-8, 2**-16, 0]); ``out`` is the
+    forward's output. Inputs found by tools/find_attention_backward_cases.py."""
+    bf16 = torch.bfloat16
+    q = torch.tensor([[_STEP]], dtype=torch.float64).to(bf16)
+    k = torch.tensor([_three_digits(s) + [0.0] for s in scores], dtype=torch.float64).unsqueeze(1).to(bf16)
+    vt = torch.tensor([list(r) for r in v], dtype=torch.float64).unsqueeze(1).to(bf16)
+    inp = {"q": q, "k": k, "v": vt, "cu_seqlens_q": cu_of([1]), "cu_seqlens_k": cu_of([len(scores)]),
+           "scale": 1.0, "causal": True}
+    out = attention_reference(q, k, vt, inp["cu_seqlens_q"], inp["cu_seqlens_k"], scale=1.0, causal=True)
+    return {**inp, "grad_out": torch.tensor([[list(grad_out)]], dtype=torch.float64).to(bf16), "out": out}
+
+
+#: dO with a fourth feature below dP's last bit (2**-24): D = dO . out is inexact in fp32.
+_TAIL = (1.0, 2.0**-8, 2.0**-16, 2.0**-24)
+
+
+def designed_cases() -> list[Case]:
+    """Decode rows whose dS_j or pn_j sits on (or one fp32 ulp from) a bf16 rounding midpoint, each pinning
+    a parameter that moves an fp32 intermediate by about an ulp (searched offline, baked exactly).
+
+    The P-grid rows have a top key (p = 1, P = 2**39) and keys with P ~ 2**15 and ~2**23 so that the
+    forward's ``L = 2**39 + ...`` sits at (or one unit beside) the fp32 midpoint of ``l = 1 + 2**-24``:
+    ``P1 = 32768.9375`` rounds to 32769 (l rounds up; toward zero or the 2**-39 grid give the tie, which
+    rounds to even, down) and ``P1 = 35664.5`` ties to 35664 (L exactly the tie, l down; ties away or
+    the 2**-41 grid give one unit more, up). Then ``pn = p / l`` moves by an ulp and key 1's V row puts
+    ``dS_1 = pn_1 (dP_1 - D)`` on the bf16 midpoint that separates the two."""
+    rows: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("p_grid_round_up_bf16", lambda: _decode_row(
+            [0.0, -16.6355037689209], [[1.0, 0.0, 0.0, 0.5], [1.5, 0.49609375, 0.0625, 0.0]])),
+        ("p_grid_exact_tie_bf16", lambda: _decode_row(
+            [0.0, -16.55082893371582, -10.749673843383789],
+            [[1.0, 0.0, 0.0, 0.5], [1.5078125, -0.90625, -0.4375, 0.0], [-2.0, 0.0, 0.0, 0.25]])),
+        # a zero-value sink 68-73 nats above the keys: ref = m - 64 (MAX_GAP); key 3's dS on a midpoint
+        ("sink_gap_past_max_gap_bf16", lambda: _decode_row(
+            [0.0, -70.0, -71.25, -69.5, -72.75, -68.25],
+            [[0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 0.0, -1.0], [-2.0, 0.0, 0.0, 0.25],
+             [1.4921875, -0.47265625, 0.1171875, 0.0], [0.5, 0.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]])),
+        # exp_c's last bit at s = -2.9000258 (coefficient E0) moves pn_1 by an ulp
+        ("exp_c_last_bit_bf16", lambda: _decode_row(
+            [0.0, -2.9000258445739746],
+            [[1.0, 0.0, 0.0, 0.5], [0.09423828125, -0.03564453125, -0.015625, 0.0]])),
+        # dO[3] = 1.5 2**-27: one unit of dO's 28-bit grid (0 on a 27-bit grid), times out[3] ~ 64 in D
+        ("do_grid_last_bit_bf16", lambda: _decode_row(
+            [0.0, -1.0], [[1.0, 0.0, 0.0, 64.0], [1.5, 0.1630859375, -0.046875, 0.0]],
+            (1.0, 2.0**-8, 2.0**-16, 1.5 * 2.0**-27))),
+        # D = dO . out has bits below its fp32 ulp, more than half an ulp: RN32 rounds it up
+        ("row_product_rounding_bf16", lambda: _decode_row(
+            [0.0, -4.0], [[1.0, 0.0, 0.0, 3.140625], [1.5, 0.40625, 0.0, 0.0]], _TAIL)),
+        # RN32(dP_1 - D) drops D's low bits; dS_1 = RN32(pn_1 x) then differs from pn_1 (dP_1 - D) in one rounding
+        ("ds_two_roundings_bf16", lambda: _decode_row(
+            [0.0, -4.0], [[1.0, 0.0, 0.0, 0.7109375], [5.3125, -3.375, 0.84375, 0.0]], _TAIL)),
+        # dS_1 exactly a bf16 tie whose lower neighbour is even: RNE rounds down, ties away up
+        ("ds_cast_tie_bf16", lambda: _decode_row(
+            [0.0, -4.0], [[1.0, 0.0, 0.0, 0.0], [1.5078125, -0.74609375, 0.078125, 0.0]])),
+    ]
+    return [Case(name, "adversarial", _cached(name, make)) for name, make in rows]
+
+
+# --------------------------------------------------------------------------- input cache
+
+_MAKERS: dict[str, Callable[[], dict[str, Any]]] = {}
+
+
+@functools.cache
+def _inputs(name: str) -> dict[str, Any]:
+    return _MAKERS[name]()
+
+
+def _copy(t: Any) -> Any:
+    """A private copy of a tensor with the same sizes and strides (non-contiguous views stay so)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def _cached(name: str, make: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``make`` built once per case name (each case's forward pass runs once per process); every call
+    returns fresh copies, so a backend writing into its inputs cannot change a later run."""
+    _MAKERS.setdefault(name, make)
+
+    def build() -> dict[str, Any]:
+        return {key: _copy(value) for key, value in _inputs(name).items()}
+
+    return build
 
 
 # --------------------------------------------------------------------------- adversarial cases
@@ -499,9 +620,10 @@ def _huge_scores() -> dict[str, Any]:
 
 
 def adversarial_cases() -> list[Case]:
-    """Sinks, outliers, ties, zero V rows, specials, tiny/huge gradients, strided inputs, empty segments."""
+    """The designed midpoint rows (:func:`designed_cases`), then sinks, outliers, ties, zero V rows,
+    specials, tiny/huge gradients, strided inputs, empty segments."""
     bf16, fp16 = torch.bfloat16, torch.float16
-    return [
+    cases = [
         Case("single_key_bf16", "adversarial", _single_key),
         Case("outlier_channels_bf16", "adversarial", _outliers),
         Case("sink_gap20_zero_value_bf16", "adversarial", lambda: _sink(20.0, 0.0, "g20z")),
@@ -527,6 +649,7 @@ def adversarial_cases() -> list[Case]:
         Case("head_dim_odd_fp16", "adversarial",
              lambda: make_case("head_dim_odd", [(5, 5), (1, 3)], 6, 2, 17, fp16)),
     ]
+    return designed_cases() + [dataclasses.replace(c, make=_cached(c.name, c.make)) for c in cases]
 
 
 # --------------------------------------------------------------------------- invariance cases
