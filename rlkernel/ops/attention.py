@@ -17,7 +17,8 @@ import torch
 from rlkernel import _validate as val
 from rlkernel import dispatch
 
-#: Largest number of keys of one sequence: R_ij, Vint_j <= 2**20, so sums stay below 2**63.
+#: Largest number of keys of one sequence (attention v2): L <= lk 2**40 and each 20-bit limb of the
+#: numerator, |O_x| <= lk 2**40, stay below 2**63.
 MAX_KEYS = 1 << 22
 #: Longest exact reduction of a backward product (keys for dQ; query heads per KV head x queries
 #: for dK and dV): 28-bit x 21-bit grids, |C| <= n * 2**47 < 2**63.
@@ -34,14 +35,16 @@ _SEMANTICS = """
     query row and head, each fp32 operation one IEEE round-to-nearest-even:
     ``s_j = RN32(digit_dot(q, k_j) * scale_f)`` (P5: 21-bit row grids, exact integer dot,
     ``scale_f = RN32(scale)`` or the correctly rounded ``RN32(1/sqrt(D))``);
-    ``m = max s_j`` (NaN propagates); ``p_j = exp_c(s_j - m)``;
+    ``m = max s_j`` (NaN propagates); the reference max ``ref = max(c, RN32(m - 64))``, ``c`` the
+    max score over the keys whose V row is not all zero; ``p_j = exp_c(RN32(s_j - ref))``.
     V rows on their own grids ``Vint_j = RNE(v_j 2**(20 - e_j))``, ``E = max e_j`` over the
-    allowed non-zero rows; ``L = sum RNE(p_j 2**20)``, ``O = sum RNE(p_j 2**(20 + e_j - E)) Vint_j``
-    (exact int64); ``out = RN_dtype(ldexp_c(fp32(O), E - 40) ÷ ldexp_c(fp32(L), -20))``.
+    allowed non-zero rows; ``e_l = expo(exp_c(RN32(m - ref)))``;
+    ``L = sum RNE(p_j 2**(40 - e_l))`` and ``O = sum RNE(p_j 2**(40 + e_j - E)) Vint_j`` (exact
+    integers on 2**-40 grids); ``out = RN_dtype(RN32(O 2**(E - 60)) ÷ RN32(L 2**(e_l - 40)))``.
     NaN (canonical) when the row's q, an allowed k or v row holds NaN/inf, or scores
     overflow to +inf. Every quantity depends only on the query row and its allowed keys, so
     packing, permuting sequences, chunked prefill, decode, KV block size and split-KV give
-    the same bits. Contract ``attention`` v1 (``rlkernel.contracts.attention``).
+    the same bits. Contract ``attention`` v2 (``rlkernel.contracts.attention``).
 """
 
 
@@ -141,7 +144,7 @@ def _lengths_ok(op: str, q_lens: list[int], k_lens: list[int], causal: bool) -> 
     for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
         if lk > MAX_KEYS:
             raise ValueError(f"{op}: sequence {b} has {lk} keys, above the exact-sum bound {MAX_KEYS} (2**22) of "
-                             f"int64 accumulation (R_ij, Vint <= 2**20); split the context")
+                             f"int64 accumulation (2**-40 probability grids); split the context")
         if causal and lk < lq:
             raise ValueError(f"{op}: sequence {b} has {lq} queries but {lk} keys; causal attention (bottom-right "
                              f"aligned) needs lk >= lq: the keys must include the queries' own positions")
