@@ -27,6 +27,7 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "token_logprobs",
     "token_logprobs_backward",
     "attention",
+    "attention_backward",
     "all_reduce",
     "sample",
     "group_advantages",

@@ -32,7 +32,8 @@ DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossF
                     "embedding": {"EmbeddingFunctionBackward", "ViewBackward0"},  # its output reshaped to ids.shape
                     "rms_norm": {"RMSNormFunctionBackward"}, "silu_mul": {"SiluMulFunctionBackward"},
                     "rope": {"RopeFunctionBackward"}, "kl_k3": {"KLK3FunctionBackward"},
-                    "masked_mean": {"MaskedMeanFunctionBackward"}, "token_logprobs": {"TokenLogprobsFunctionBackward"}}
+                    "masked_mean": {"MaskedMeanFunctionBackward"}, "token_logprobs": {"TokenLogprobsFunctionBackward"},
+                    "attention": {"AttentionFunctionBackward"}}
 
 
 def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:

@@ -39,6 +39,7 @@ KERNELS = {
     "token_logprobs_backward_finish": "token_logprobs_backward:token_logprobs_backward_finish",
     "attention": "attention:attention",
     "attention_paged": "attention:attention_paged",
+    "attention_backward": "attention_backward:attention_backward",
     "all_reduce": "all_reduce:all_reduce",
     "sample": "sample:sample",
     "group_advantages": "rl:group_advantages",

@@ -16,6 +16,7 @@ kernels are the next step for speed (see docs/cuda-backend.md).
 
 from __future__ import annotations
 
+from rlkernel.backends.generic.attention_backward import attention_backward
 from rlkernel.backends.generic.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 from rlkernel.backends.generic.optim import adamw, sgd
 from rlkernel.backends.generic.rl import group_advantages, masked_mean, ppo_loss
@@ -30,7 +31,7 @@ from rlkernel.backends.generic.token_logprobs_backward import (
     token_logprobs_backward_partial,
 )
 
-__all__ = ["adamw", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3_backward",
-           "masked_mean", "masked_mean_backward", "ppo_loss", "rms_norm_backward", "rope_backward", "sample", "sgd",
-           "silu_mul_backward", "token_logprobs_backward", "token_logprobs_backward_finish",
-           "token_logprobs_backward_partial"]
+__all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
+           "group_advantages", "kl_k3_backward", "masked_mean", "masked_mean_backward", "ppo_loss",
+           "rms_norm_backward", "rope_backward", "sample", "sgd", "silu_mul_backward", "token_logprobs_backward",
+           "token_logprobs_backward_finish", "token_logprobs_backward_partial"]

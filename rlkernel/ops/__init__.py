@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlkernel.ops.adamw import adamw
 from rlkernel.ops.all_reduce import all_reduce
-from rlkernel.ops.attention import attention, attention_paged
+from rlkernel.ops.attention import attention, attention_backward, attention_paged
 from rlkernel.ops.embedding import embedding
 from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 from rlkernel.ops.group_advantages import group_advantages
@@ -34,8 +34,8 @@ from rlkernel.ops.token_logprobs import (
 )
 
 __all__ = [
-    "adamw", "all_reduce", "attention", "attention_paged", "embedding", "exact_sum_finish", "exact_sum_merge",
-    "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
+    "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_finish",
+    "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
     "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
     "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_logprobs", "token_logprobs_backward",

@@ -1,5 +1,9 @@
 """``rlkernel.ops.attention`` and ``attention_paged``: bitwise-reproducible attention over packed
-sequences with a KV cache and over a paged KV cache (contract ``attention`` v1)."""
+sequences with a KV cache and over a paged KV cache (contract ``attention`` v2), and
+``attention_backward``, its exact gradients in q, k and v (contract ``attention_backward`` v1).
+
+``attention`` is differentiable in q, k and v (:class:`AttentionFunction` saves the output and
+calls ``attention_backward``); ``attention_paged`` is the rollout path and stays forward-only."""
 
 from __future__ import annotations
 
@@ -13,8 +17,12 @@ import torch
 from rlkernel import _validate as val
 from rlkernel import dispatch
 
-#: Largest number of keys of one sequence: R_ij, Vint_j <= 2**20, so sums stay below 2**63.
+#: Largest number of keys of one sequence (attention v2): L <= lk 2**40 and each 20-bit limb of the
+#: numerator, |O_x| <= lk 2**40, stay below 2**63.
 MAX_KEYS = 1 << 22
+#: Longest exact reduction of a backward product (keys for dQ; query heads per KV head x queries
+#: for dK and dV): 28-bit x 21-bit grids, |C| <= n * 2**47 < 2**63.
+MAX_BACKWARD_REDUCTION = (1 << 16) - 1
 
 _INTS = (torch.int32, torch.int64)
 
@@ -27,14 +35,16 @@ _SEMANTICS = """
     query row and head, each fp32 operation one IEEE round-to-nearest-even:
     ``s_j = RN32(digit_dot(q, k_j) * scale_f)`` (P5: 21-bit row grids, exact integer dot,
     ``scale_f = RN32(scale)`` or the correctly rounded ``RN32(1/sqrt(D))``);
-    ``m = max s_j`` (NaN propagates); ``p_j = exp_c(s_j - m)``;
+    ``m = max s_j`` (NaN propagates); the reference max ``ref = max(c, RN32(m - 64))``, ``c`` the
+    max score over the keys whose V row is not all zero; ``p_j = exp_c(RN32(s_j - ref))``.
     V rows on their own grids ``Vint_j = RNE(v_j 2**(20 - e_j))``, ``E = max e_j`` over the
-    allowed non-zero rows; ``L = sum RNE(p_j 2**20)``, ``O = sum RNE(p_j 2**(20 + e_j - E)) Vint_j``
-    (exact int64); ``out = RN_dtype(ldexp_c(fp32(O), E - 40) ÷ ldexp_c(fp32(L), -20))``.
+    allowed non-zero rows; ``e_l = expo(exp_c(RN32(m - ref)))``;
+    ``L = sum RNE(p_j 2**(40 - e_l))`` and ``O = sum RNE(p_j 2**(40 + e_j - E)) Vint_j`` (exact
+    integers on 2**-40 grids); ``out = RN_dtype(RN32(O 2**(E - 60)) ÷ RN32(L 2**(e_l - 40)))``.
     NaN (canonical) when the row's q, an allowed k or v row holds NaN/inf, or scores
     overflow to +inf. Every quantity depends only on the query row and its allowed keys, so
     packing, permuting sequences, chunked prefill, decode, KV block size and split-KV give
-    the same bits. Contract ``attention`` v1 (``rlkernel.contracts.attention``).
+    the same bits. Contract ``attention`` v2 (``rlkernel.contracts.attention``).
 """
 
 
@@ -134,7 +144,7 @@ def _lengths_ok(op: str, q_lens: list[int], k_lens: list[int], causal: bool) -> 
     for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
         if lk > MAX_KEYS:
             raise ValueError(f"{op}: sequence {b} has {lk} keys, above the exact-sum bound {MAX_KEYS} (2**22) of "
-                             f"int64 accumulation (R_ij, Vint <= 2**20); split the context")
+                             f"int64 accumulation (2**-40 probability grids); split the context")
         if causal and lk < lq:
             raise ValueError(f"{op}: sequence {b} has {lq} queries but {lk} keys; causal attention (bottom-right "
                              f"aligned) needs lk >= lq: the keys must include the queries' own positions")
@@ -185,9 +195,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
     ValueError
         Shapes disagree, Hq is not a multiple of Hkv, offsets are not cumulative lengths ending
         at Tq/Tk, a causal sequence has fewer keys than queries, a sequence has more than 2**22
-        keys, devices differ, or scale is not finite in fp32.
+        keys, devices differ, or scale is not finite in fp32; with inputs that require grad,
+        also a sequence beyond the backward's exact-sum bounds (see :func:`attention_backward`).
+
+    Autograd: differentiable in q, k and v (:class:`AttentionFunction`): ``loss.backward()`` runs
+    :func:`attention_backward` (contract ``attention_backward`` v1) on the saved output.
     """
     op = "attention"
+    q, k, v, cu_q, cu_k, q_lens, k_lens, scale_f = _check_packed(op, q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
+                                                                 causal)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _backward_bounds(op, q_lens, k_lens, q.shape[1] // k.shape[1])  # refuse now, not at backward time
+        y: torch.Tensor = AttentionFunction.apply(q, k, v, cu_q, cu_k, scale_f, causal)
+        return y
+    return dispatch.call(op, q.device, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale_f,
+                         causal=causal)
+
+
+def _check_packed(op: str, q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object,
+                  scale: object, causal: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor, list[int], list[int], float]:
+    """The checks of :func:`attention`: (q, k, v, cu_q, cu_k, q_lens, k_lens, RN32 scale)."""
     q = val.tensor(op, "q", q)
     k = val.tensor(op, "k", k)
     v = val.tensor(op, "v", v)
@@ -209,8 +237,116 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
     q_lens = [cq[i + 1] - cq[i] for i in range(len(cq) - 1)]
     k_lens = [ck[i + 1] - ck[i] for i in range(len(ck) - 1)]
     _lengths_ok(op, q_lens, k_lens, causal)
-    return dispatch.call(op, device, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                         scale=_scale(op, scale, q.shape[2]), causal=causal)
+    return q, k, v, cu_q, cu_k, q_lens, k_lens, _scale(op, scale, q.shape[2])
+
+
+def _backward_bounds(op: str, q_lens: list[int], k_lens: list[int], group: int) -> None:
+    for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+        if lq and lk > MAX_BACKWARD_REDUCTION:
+            raise ValueError(f"{op}: sequence {b} has {lk} keys; the backward's dQ is an exact int64 sum over the keys "
+                             f"(28-bit x 21-bit grids) that allows at most {MAX_BACKWARD_REDUCTION} (2**16 - 1) terms; "
+                             f"train on sequences of at most {MAX_BACKWARD_REDUCTION} tokens")
+        if group * lq > MAX_BACKWARD_REDUCTION:
+            raise ValueError(f"{op}: sequence {b} has {lq} queries and {group} query heads per KV head: dK and dV sum "
+                             f"{group * lq} terms exactly in int64, above the bound {MAX_BACKWARD_REDUCTION} "
+                             f"(2**16 - 1); train on sequences of at most {MAX_BACKWARD_REDUCTION // group} tokens")
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Autograd for :func:`attention`: the forward kernel, then ``attention_backward`` on the saved output.
+
+    Saves q, k, v and the output (no recomputation of the forward output in the backward; the
+    probabilities are recomputed there exactly). The incoming gradient is rounded to q's dtype
+    (nearest even; it already is, when the loss reads the bf16/fp16 output). dq, dk, dv come back in
+    q's dtype. Double backward is not defined (``attention_backward`` refuses inputs that require grad).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, causal):  # type: ignore[no-untyped-def,override]
+        out = dispatch.call("attention", q.device, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale,
+                            causal=causal)
+        ctx.save_for_backward(q, k, v, out, cu_q, cu_k)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        q, k, v, out, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = dispatch.call("attention_backward", q.device, grad_out=grad.to(q.dtype), q=q, k=k, v=v, out=out,
+                                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=ctx.scale, causal=ctx.causal)
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None, None)
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None = None,
+                       causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact gradients of :func:`attention` in q, k and v, the same bits on every backend.
+
+    ``dV = p^T dO``, ``dS = p * (dO V^T - rowsum(dO * O))``, ``dQ = scale dS K``, ``dK = scale dS^T Q``
+
+    Parameters
+    ----------
+    grad_out : Tensor, q's dtype, [Tq, Hq, D]
+        Gradient of the loss with respect to the output of :func:`attention`. Any strides.
+    q : Tensor, bfloat16/float16, [Tq, Hq, D]
+    k : Tensor, q's dtype, [Tk, Hkv, D]
+    v : Tensor, q's dtype, [Tk, Hkv, D]
+    out : Tensor, q's dtype, [Tq, Hq, D]
+        The output of ``attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal)``, used as
+        given (``D = rowsum(dO * out)``); the probabilities are recomputed exactly.
+    cu_seqlens_q, cu_seqlens_k : Tensor, int32/int64, [B + 1]
+        As in :func:`attention`.
+    scale : float, optional
+        As in :func:`attention`.
+    causal : bool
+        As in :func:`attention`.
+
+    Returns
+    -------
+    dq : Tensor, q's dtype, [Tq, Hq, D]
+    dk : Tensor, q's dtype, [Tk, Hkv, D]
+    dv : Tensor, q's dtype, [Tk, Hkv, D]
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`attention`; also grad_out/out not q's dtype and shape, or a sequence beyond the
+        exact-sum bounds: ``lk <= 2**16 - 1`` keys and ``(Hq / Hkv) * lq <= 2**16 - 1``.
+    rlkernel.dispatch.BackwardNotDefined
+        An input requires grad with grad mode on (no double backward).
+
+    Bitwise semantics
+    -----------------
+    FlashAttention-2's backward with every rounding pinned. The forward's probabilities are
+    recomputed exactly (scores, reference max, ``exp_c``, the integers ``P`` of the 2**-40 grid and
+    their sum ``L``) and normalised ``pn = RN32(RN32(P) ÷ RN32(L))``. ``D_i = RN32(dO_i . O_i)`` and
+    ``dP_ij = RN32(dO_i . V_j)`` are exact products of a 28-bit grid (the dO row) and 21-bit grids (the
+    out and V rows). ``dS = RN32(pn * RN32(dP - D))``, then dS and pn are rounded to q's dtype.
+    ``dQ = RN(scale * dS K)``, ``dK = RN(scale * dS^T Q)``, ``dV = RN(pn^T dO)``: exact integer sums (dS /
+    pn on 28-bit grids per row, K, Q, dO on 21-bit grids per feature), each rounded once straight
+    to the dtype with the scale inside the rounding; dK and dV of a KV head are ONE exact sum over
+    all its query heads and queries. Masked pairs contribute exact zeros. A bad row (the forward's
+    row NaN, or NaN/inf in its dO or out row) gives a NaN dQ row and NaN dK/dV rows for the keys it
+    sees. The bits do not depend on the other sequences of the pack, their order, the split of the
+    KV groups over ranks, or the backend. Contract ``attention_backward`` v1
+    (``rlkernel.contracts.attention_backward``).
+    """
+    op = "attention_backward"
+    q, k, v, cu_q, cu_k, q_lens, k_lens, scale_f = _check_packed(op, q, k, v, cu_seqlens_q, cu_seqlens_k, scale,
+                                                                 causal)
+    named = {"grad_out": val.tensor(op, "grad_out", grad_out), "out": val.tensor(op, "out", out)}
+    for name, t in named.items():
+        val.same_dtype(op, "q", q, name, t)
+        if t.shape != q.shape:
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; expected q's shape {tuple(q.shape)} "
+                             f"([Tq, Hq, D])")
+    val.same_device(op, [("q", q), ("grad_out", named["grad_out"]), ("out", named["out"])])
+    _backward_bounds(op, q_lens, k_lens, q.shape[1] // k.shape[1])
+    result: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = dispatch.call(
+        op, q.device, grad_out=named["grad_out"], q=q, k=k, v=v, out=named["out"], cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k, scale=scale_f, causal=causal)
+    return result
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

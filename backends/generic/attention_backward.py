@@ -1,0 +1,249 @@
+"""Device-generic exact ``attention_backward`` (contract ``attention_backward`` v1).
+
+Independent of the contract reference. Per sequence and KV head the [G, lq, lk] block of the
+G query heads is materialised (O(lq * lk) memory per KV head; blocks are visited one at a time):
+
+* the forward's scores are recomputed with the forward kernel's own digit GEMM helpers, and its
+  probabilities as the forward builds them (row max, reference max, ``exp_c``, the integers ``P``
+  on the 2**-40 grid and their sum ``L``), normalised as the forward's output is:
+  ``pn = p / fp32(L)`` (``p`` the fp32 ``exp_c`` value, ``fp32(L)`` the forward's denominator);
+* ``D`` and ``dP`` are exact integer dot products on 28-bit (dO) and 21-bit (O, V) grids, each
+  rounded once to fp32; ``dS = pn * (dP - D)`` in two fp32 roundings, then cast to the dtype;
+* dQ, dK and dV are exact digit products (the dS / pn operand on 28-bit grids in four balanced
+  base-128 digits, the K / Q / dO operand per feature on 21-bit grids in three), fp32 digit
+  GEMMs over reductions of at most 4096 (every partial sum an integer below 2**24), combined
+  in int64 and rounded once straight to the dtype; for dQ and dK the scale's 24-bit significand
+  multiplies the int64 sum exactly (two limbs) inside that rounding.
+
+Every sum is exact, so the bits depend on nothing but the values: not on the pack, the order of
+the sequences, the split of the heads, or the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlkernel.backends.generic._exact.digits import digit_planes, grid_rows, int_product, row_exponents, split_digits
+from rlkernel.backends.generic._exact.fixed import to_fixed
+from rlkernel.backends.generic._exact.fp32 import (
+    cast_out,
+    exponent,
+    int64_pair_to_float,
+    int64_to_f32,
+    int64_to_float,
+    scale_pow2,
+)
+from rlkernel.backends.generic._exact.transcendental import exp_c
+from rlkernel.backends.generic.attention import _level_matmul, default_scale
+
+#: Grids of the forward's scores (q, k rows: 21 bits) and probabilities (2**-40).
+QK_GRID = 20
+P_BITS = 40
+MAX_GAP = 64.0
+#: Magnitude bits of the row products' grids: dO rows (28 bits), O and V rows (21 bits).
+DO_BITS = 27
+OV_BITS = 20
+#: Magnitude bits of the gradient products' grids: dS / pn rows (28 bits), K, Q, dO columns (21 bits).
+GX_BITS = 27
+GW_BITS = 20
+X_DIGITS, W_DIGITS = 4, 3
+#: Longest exact reduction of one product: |C| <= n * 2**47 < 2**63.
+MAX_REDUCTION = (1 << 16) - 1
+#: Limb split of C when the scale's significand multiplies it: |C_hi * M|, |C_lo * M| < 2**56.
+SCALE_SPLIT = 32
+
+
+def _scale_parts(scale: float) -> tuple[int, int]:
+    """``scale = M * 2**ks`` with ``|M| < 2**24`` an integer (a binary32 value splits exactly)."""
+    if scale == 0.0:
+        return 0, 0
+    mant, e = math.frexp(scale)
+    return int(mant * 2.0**24), e - 24
+
+
+def _causal_allowed(lq: int, lk: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """[lq, lk] bool: bottom-right causal (query i sees keys <= lk - lq + i) or all keys."""
+    i = torch.arange(lq, device=device).unsqueeze(1)
+    j = torch.arange(lk, device=device).unsqueeze(0)
+    if not causal:
+        return (i >= 0) & (j >= 0)
+    return j <= lk - lq + i
+
+
+def _round_once(c: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, scale: tuple[int, int] | None) -> torch.Tensor:
+    """``RN_dtype((M *) c * 2**k)`` in one rounding; with the scale: ``c = hi 2**32 + lo`` times M, two limbs."""
+    if scale is None:
+        return int64_to_float(c, k, dtype)
+    m, ks = scale
+    hi = (c >> SCALE_SPLIT) * m
+    lo = (c & ((1 << SCALE_SPLIT) - 1)) * m
+    return int64_pair_to_float(hi, lo, SCALE_SPLIT, k + ks, dtype)
+
+
+def _exact_product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, x_bits: int,
+                   w_bits: int) -> torch.Tensor:
+    """Exact int64 ``X @ W.T`` of x [M, K] and w [N, K] on their row grids (digit GEMMs)."""
+    return int_product(digit_planes(x, ex, x_bits, X_DIGITS), digit_planes(w, ew, w_bits, W_DIGITS))
+
+
+def _grad_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
+                  scale: tuple[int, int] | None = None) -> torch.Tensor:
+    """``RN_dtype(scale * x @ w.T)``: x [M, K] on 28-bit row grids, w [N, K] on 21-bit row grids.
+
+    Non-finite entries read as 0; an x row holding NaN/inf gives a NaN output row.
+    """
+    ex, ew = row_exponents(x), row_exponents(w)
+    c = _exact_product(x, w, ex, ew, GX_BITS, GW_BITS)
+    y = _round_once(c, ex.unsqueeze(1) + ew.unsqueeze(0) - GX_BITS - GW_BITS, dtype, scale)
+    bad = (~torch.isfinite(x)).any(dim=-1)
+    return torch.where(bad.unsqueeze(1), float("nan"), y)
+
+
+def _kv_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
+                scale: tuple[int, int] | None = None) -> torch.Tensor:
+    """dK or dV of one KV head: x [G, lq, lk] (dS or pn), w [G, lq, D] (Q or dO): ONE exact sum over
+    every (head, query) of the group, ``[lk, D]``."""
+    g, lq, lk = x.shape
+    return _grad_product(x.reshape(g * lq, lk).T, w.reshape(g * lq, w.shape[-1]).T, dtype, scale)
+
+
+def _to_fp32(c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The exact integers of D and dP rounded once to fp32 (P3')."""
+    return int64_to_float(c, k, torch.float32)
+
+
+def _normalise(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``pn = p / RN32(L)``: one IEEE fp32 division (never a reciprocal multiply)."""
+    return num / den
+
+
+def _ds(pn: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``dS = RN32(pn * RN32(dP - D))``."""
+    return pn * (dp - delta)
+
+
+def _cast_ds(ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dS to the input dtype (nearest even) before the dQ and dK products."""
+    return cast_out(ds, dtype)
+
+
+def _cast_p(pn: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """pn to the input dtype (nearest even) before the dV product."""
+    return cast_out(pn, dtype)
+
+
+def _bad_inputs(do: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """Rows whose dO or out holds NaN/inf (they are bad rows)."""
+    return (~torch.isfinite(do)).any(dim=-1) | (~torch.isfinite(o)).any(dim=-1)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, eq: torch.Tensor, ek: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The forward's fp32 scores [G, lq, lk] of q [G, lq, D] against k [lk, D] (row exponents eq, ek)."""
+    qd = split_digits(grid_rows(q, eq, QK_GRID))  # [3, G, lq, D]
+    kd = split_digits(grid_rows(k, ek, QK_GRID)).transpose(-1, -2)  # [3, D, lk]
+    c = _level_matmul(qd, kd)
+    shift = (eq.unsqueeze(-1) + ek - 2 * QK_GRID).clamp(min=-252)
+    s = scale_pow2(int64_to_f32(c), shift) * scale
+    bad = (~torch.isfinite(q)).any(dim=-1).unsqueeze(-1) | (~torch.isfinite(k)).any(dim=-1)
+    return torch.where(bad, float("nan"), s)
+
+
+def _probabilities(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's probabilities, normalised: (pn fp32 [G, lq, lk], bad rows [G, lq])."""
+    finite = torch.isfinite(v)
+    vzero = torch.where(finite, v, 0.0).abs().amax(dim=-1) == 0  # [lk]
+    vbad = (~finite).any(dim=-1)
+    m = torch.where(allowed, s, float("-inf")).amax(dim=-1) + 0.0
+    contrib = allowed & ~vzero
+    c = torch.where(contrib, s, float("-inf")).amax(dim=-1) + 0.0
+    ref = torch.maximum(c, m - MAX_GAP)
+    p = torch.where(allowed, exp_c(s - ref.unsqueeze(-1)), 0.0)
+    bad = torch.isnan(p).any(dim=-1) | (allowed & vbad).any(dim=-1)
+    top = exp_c(m - ref)
+    e_l = torch.where(torch.isfinite(top), exponent(torch.where(torch.isfinite(top), top, 1.0)), 1)
+    big_l = to_fixed(p, e_l.unsqueeze(-1), P_BITS).sum(dim=-1)  # the forward's L (non-finite p -> 0)
+    den = int64_to_float(big_l, e_l - P_BITS, torch.float32)
+    return _normalise(torch.where(torch.isnan(p), 0.0, p), den.unsqueeze(-1)), bad
+
+
+def _host_list(t: torch.Tensor) -> list[int]:
+    return [int(x) for x in t.tolist()]
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None = None,
+                       causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact gradients of ``attention`` in q, k, v (contract ``attention_backward`` v1).
+
+    Parameters
+    ----------
+    grad_out, q, out : Tensor, bfloat16/float16, [Tq, Hq, D] (any strides)
+    k, v : Tensor, q's dtype, [Tk, Hkv, D] (any strides)
+    cu_seqlens_q, cu_seqlens_k : Tensor, int32/int64, [B + 1]
+    scale : float, optional
+        An fp32 value (the public op rounds it); default ``RN32(1 / sqrt(D))``.
+    causal : bool
+
+    Returns
+    -------
+    (dq [Tq, Hq, D], dk [Tk, Hkv, D], dv [Tk, Hkv, D]), q's dtype
+    """
+    dev, dtype = q.device, q.dtype
+    tq, hq, d = q.shape
+    tk, hkv = k.shape[0], k.shape[1]
+    group = hq // hkv
+    # RN32 of the given scale (the public op has rounded it already; rounding again changes nothing)
+    scale_value = default_scale(d) if scale is None else float(torch.tensor(float(scale), dtype=torch.float32))
+    scale_t = torch.tensor(scale_value, dtype=torch.float32, device=dev)
+    parts = _scale_parts(scale_value)
+    cq, ck = _host_list(cu_seqlens_q), _host_list(cu_seqlens_k)
+    dq = torch.zeros((tq, hq, d), dtype=dtype, device=dev)
+    dk = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
+    dv = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
+    # row exponents of every (token, head) row, once for the pack: each depends on its own row only
+    eq, ek = row_exponents(q), row_exponents(k)  # [Tq, Hq], [Tk, Hkv]
+    edo, eo, ev = row_exponents(grad_out), row_exponents(out), row_exponents(v)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0:
+            continue
+        if lk > MAX_REDUCTION or group * lq > MAX_REDUCTION:
+            raise ValueError(f"attention_backward: sequence {b} ({lq} queries x {group} heads per KV head, {lk} keys) "
+                             f"exceeds the exact-sum bound {MAX_REDUCTION} of a gradient product")
+        if causal and lk < lq:
+            raise ValueError(f"attention_backward: causal sequence {b} has {lq} queries but {lk} keys; need lk >= lq")
+        allowed = _causal_allowed(lq, lk, causal, dev)
+        for g in range(hkv):
+            heads = slice(g * group, (g + 1) * group)
+            kk, vv = k[k0:k1, g], v[k0:k1, g]
+            qg = q[q0:q1, heads].transpose(0, 1)  # [G, lq, D]
+            do = grad_out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
+            o = out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
+            e_do = edo[q0:q1, heads].T.reshape(-1)
+            e_o = eo[q0:q1, heads].T.reshape(-1)
+            row_bad = _bad_inputs(do, o).view(group, lq)
+            if lk == 0:  # non-causal with no keys: the forward's rows are NaN
+                dq[q0:q1, heads] = float("nan")
+                continue
+            s_g = _scores(qg, kk, eq[q0:q1, heads].T, ek[k0:k1, g], scale_t)
+            pn, bad = _probabilities(s_g, allowed, vv)
+            bad = bad | row_bad
+            # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
+            e_v = ev[k0:k1, g]
+            dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
+                          e_do.unsqueeze(1) + e_v.unsqueeze(0) - DO_BITS - OV_BITS).view(group, lq, lk)
+            c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
+            delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(group, lq, 1)
+            ds = _ds(pn, dp, delta)
+            keep = allowed & ~bad.unsqueeze(-1)
+            dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
+            pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
+            gq = _grad_product(dsr.reshape(group * lq, lk), kk.T, dtype, parts).view(group, lq, d)
+            gq = torch.where(bad.unsqueeze(-1), float("nan"), gq)
+            dq[q0:q1, heads] = cast_out(gq, dtype).transpose(0, 1)
+            dk[k0:k1, g] = cast_out(_kv_product(dsr, qg, dtype, parts), dtype)
+            dv[k0:k1, g] = cast_out(_kv_product(pr, do.view(group, lq, d), dtype), dtype)
+    return cast_out(dq, dtype), dk, dv
