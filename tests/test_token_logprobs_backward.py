@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.accuracy.ops import token_logprobs_backward as acc
 from rlkernel import grads
 from rlkernel import ops as rk
 from rlkernel.backends.generic import linear as glin
 from rlkernel.backends.generic import token_logprobs_backward as gen
 from rlkernel.backends.generic._exact.digits import int_product
 from rlkernel.conformance.accuracy.metrics import tensor_errors
+from rlkernel.conformance.accuracy.ops import token_logprobs_backward as acc
 from rlkernel.conformance.hashing import first_difference
 from rlkernel.contracts import token_logprobs_backward as con
 from rlkernel.contracts._gen import normal, seed_of, special_values, with_outlier_channels
