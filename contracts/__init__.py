@@ -25,6 +25,8 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "softmax",
     "log_softmax",
     "token_logprobs",
+    "token_entropy",
+    "token_entropy_backward",
     "attention",
     "all_reduce",
     "sample",

@@ -34,6 +34,8 @@ KERNELS = {
     "token_logprobs": "token_logprobs:token_logprobs",
     "token_logprobs_partial": "token_logprobs:token_logprobs_partial",
     "token_logprobs_finish": "token_logprobs:token_logprobs_finish",
+    "token_entropy": "token_entropy:token_entropy",
+    "token_entropy_backward": "token_entropy:token_entropy_backward",
     "attention": "attention:attention",
     "attention_paged": "attention:attention_paged",
     "all_reduce": "all_reduce:all_reduce",

@@ -2,7 +2,8 @@
 
 ``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd``, the ``exact_sum``
 ops and the backwards ``rms_norm_backward``, ``rope_backward``, ``silu_mul_backward``,
-``kl_k3_backward`` and ``masked_mean_backward`` run on the GPU as the device-generic
+``kl_k3_backward``, ``masked_mean_backward``, and ``token_entropy`` with its backward (token_logprobs'
+exact construction plus one more exact sum, the digit GEMMs in torch) run on the GPU as the device-generic
 implementations (integer ranking and Philox for ``sample``, the P10 exact superaccumulator for
 the RL reductions and rms_norm's row sum, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
@@ -22,7 +23,8 @@ from rlkernel.backends.generic.rms_norm_backward import rms_norm_backward
 from rlkernel.backends.generic.rope_backward import rope_backward
 from rlkernel.backends.generic.sample import sample
 from rlkernel.backends.generic.silu_mul_backward import silu_mul_backward
+from rlkernel.backends.generic.token_entropy import token_entropy, token_entropy_backward
 
 __all__ = ["adamw", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3_backward",
            "masked_mean", "masked_mean_backward", "ppo_loss", "rms_norm_backward", "rope_backward", "sample", "sgd",
-           "silu_mul_backward"]
+           "silu_mul_backward", "token_entropy", "token_entropy_backward"]
