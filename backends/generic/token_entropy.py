@@ -222,6 +222,11 @@ def _finish_weight(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> tor
     return canonical_nan(torch.where(bad, float("nan"), y))
 
 
+def _split(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An int64 partial as ``(C >> 32, C & (2**32 - 1))``: two words that add without loss."""
+    return part >> WORD_SHIFT, part & ((1 << WORD_SHIFT) - 1)
+
+
 def _column_exponents(colmax: torch.Tensor, colbad: torch.Tensor) -> torch.Tensor:
     """Exponents of the rows of c.T from running maxima: ZERO_EXP for all-zero, SENTINEL for non-finite."""
     e = exponent(colmax)
@@ -286,9 +291,9 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
             lo = torch.zeros_like(hi)
             for v0 in range(0, v, vch):
                 v1 = min(v0 + vch, v)
-                part = _product(c[:, v0:v1], weight[v0:v1].T, ex, ew)
-                hi += part >> WORD_SHIFT
-                lo += part & ((1 << WORD_SHIFT) - 1)
+                part_hi, part_lo = _split(_product(c[:, v0:v1], weight[v0:v1].T, ex, ew))
+                hi += part_hi
+                lo += part_lo
             d_hidden[t0:t1] = _finish_hidden(hi, lo, ex, ew, dtype)
     if not need_weight:
         return d_hidden, None

@@ -1,4 +1,4 @@
-"""Vocabulary-parallel token embedding and LM head (log-probabilities without full logits)."""
+"""Vocabulary-parallel token embedding and LM head (log-probabilities and entropy without full logits)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from torch import nn
 from rlkernel.distributed import all_reduce_exact
 from rlkernel.nn.linear import ShardId, frozen
 from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
-from rlkernel.ops import embedding, linear, token_logprobs, token_logprobs_finish, token_logprobs_partial
+from rlkernel.ops import (
+    embedding,
+    linear,
+    token_entropy,
+    token_logprobs,
+    token_logprobs_finish,
+    token_logprobs_partial,
+)
 
 __all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
 
@@ -92,8 +99,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     ``[T, V]`` logits are never held whole, and every TP degree gives the one-rank bits.
     :meth:`logits` computes the whole fp32 logits of a few rows, for sampling.
 
-    Entropy is not offered: ``-sum p log p`` over the vocabulary needs its own exact
-    reduction, which no op contract defines yet.
+    :meth:`entropy`: ``-sum_v p_v log p_v`` of each row's next-token distribution through
+    ``rlkernel.ops.token_entropy`` (contract ``token_entropy`` v1: two exact sums over the
+    vocabulary, differentiable in the hidden states and the head), on one rank only: no sharded
+    entropy sub-ops exist yet, so TP > 1 raises.
     """
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
@@ -134,6 +143,39 @@ class ParallelLMHead(VocabParallelEmbedding):
         both = torch.cat([sum_int, target_d.view(torch.int32).to(torch.int64)])
         both = all_reduce_exact(both, "sum", self.group)
         return token_logprobs_finish(both[:t].contiguous(), both[t:].to(torch.int32).view(torch.float32))
+
+    def entropy(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Entropy of each row's next-token distribution ``softmax(hidden @ W.T / temperature)``.
+
+        Parameters
+        ----------
+        hidden : Tensor, the head's dtype, [T, H]
+            Final hidden states (after the model's last norm).
+        temperature : float
+            Logits are divided by ``fp32(temperature)`` (> 0), as in sampling.
+
+        Returns
+        -------
+        Tensor, float32, [T]
+
+        Raises
+        ------
+        NotImplementedError
+            Under tensor parallelism (``tp_size > 1``): the vocabulary-sharded entropy (exact
+            partial sums merged over the ranks) is not defined yet.
+
+        Bitwise semantics
+        -----------------
+        Contract ``token_entropy`` v1 (``rlkernel.ops.token_entropy``): ``H = log_c(L) + U / L``
+        with ``L`` token_logprobs' exact normaliser and ``U`` the exact grid sum of ``p (m - z)``;
+        a row's result depends only on that row. Differentiable (``token_entropy_backward``).
+        """
+        if self.tp_size != 1:
+            raise NotImplementedError(
+                f"ParallelLMHead.entropy: tensor parallelism (tp_size = {self.tp_size}) is not supported: the "
+                f"vocabulary-sharded entropy (token_entropy partial/finish ops) is not defined yet; compute "
+                f"entropy with tp_size = 1, or gather the head's weight and call rlkernel.ops.token_entropy")
+        return token_entropy(hidden, self.weight, temperature)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).
