@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import token_logprobs as _tl
 from ._contract import BenchCase, Case, Contract, InvarianceCase, Runner
 from ._exact.fixed import F_SUM, quantize
 from ._exact.fp32 import canonicalize, int_to_fp32, ldexp_c, max_r5
@@ -296,6 +297,34 @@ def _term_grid(name: str) -> dict[str, Any]:
     return {"hidden": h, "weight": w, "temperature": 1.0}
 
 
+def _log_range(name: str) -> dict[str, Any]:
+    """V = 2, 515 rows with logits 0 and -t/256 or -t/32: L over (1.37, 2] and (1, 2) with mean and
+    log_c(L) of similar size, so both show in H's last bits (exp_c and log_c in their own ranges); and
+    the three bf16 d in (-20, 0) where exp_c's coefficient E1 decides a bit of p (found by search)."""
+    t = torch.arange(256, dtype=torch.float32)
+    e1 = torch.tensor([-0.32421875, -0.349609375, -0.357421875])
+    h = torch.cat([-t / 256, -t / 32, e1]).to(torch.bfloat16).view(-1, 1)
+    return {"hidden": h, "weight": torch.tensor([[0.0], [1.0]], dtype=torch.bfloat16), "temperature": 1.0}
+
+
+def _from_logprobs(make: Any) -> Any:
+    """A designed token_logprobs v2 case without its targets (the same logits)."""
+    def inputs() -> dict[str, Any]:
+        d = dict(make())
+        d.pop("targets", None)
+        return d
+    return inputs
+
+
+def _subnormal_tie_scaled() -> dict[str, Any]:
+    """token_logprobs' subnormal-tie logits ``2**-140 (1 + 2**-10 +- 2**-25)`` next to a logit 0, with
+    temperature 2**-140: the division brings the subnormal logit's rounding (and a flush to zero) into
+    H, which without it could never see a subnormal logit (d would be subnormal, p = 1)."""
+    d = _tl._phase1_subnormal_tie()
+    w = torch.cat([d["weight_shard"], torch.zeros((1, 3), dtype=torch.bfloat16)])
+    return {"hidden": d["hidden"], "weight": w, "temperature": 2.0**-140}
+
+
 def _single(name: str) -> dict[str, Any]:
     """V = 1: L = 1, U = 0, H = +0 for every finite row (and -0 logits)."""
     return {"hidden": from_bits([0x8001, 0x3F80, 0x0000], torch.bfloat16).reshape(3, 1),
@@ -311,6 +340,10 @@ def adversarial_cases() -> list[Case]:
 
     return [
         case("term_grid_v2", lambda: _term_grid("term_grid_v2")),
+        case("log_range_v2", lambda: _log_range("log_range_v2")),
+        case("wide_logits_v1025", _from_logprobs(_tl._wide_logits)),
+        case("sum_beyond_2_53_v8194", _from_logprobs(_tl._sum_beyond_2_53)),
+        case("subnormal_logit_tie_tau_2e-140", _subnormal_tie_scaled),
         case("confident_rows", lambda: _confident("confident_rows")),
         case("specials_in_hidden_bf16", lambda: _specials_hidden("specials_in_hidden_bf16", torch.bfloat16)),
         case("specials_in_hidden_fp16", lambda: _specials_hidden("specials_in_hidden_fp16", torch.float16)),

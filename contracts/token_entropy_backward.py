@@ -222,17 +222,27 @@ def golden_cases() -> list[Case]:
 
 
 def _vocab_beyond_int64() -> dict[str, Any]:
-    """V = 70000 nearly uniform logits (every |c| close to its row max) and weight columns of equal
-    magnitude and sign: ``|D|`` passes 2**63, so an int64 accumulator wraps."""
-    v = 70000
-    h = torch.zeros((2, 2), dtype=torch.float32)
-    h[:, 0] = torch.tensor([1.0, -1.0])
-    h[:, 1] = torch.tensor([2.0**-8, 2.0**-9])
-    w = torch.zeros((v, 2), dtype=torch.float32)
-    w[:, 0] = 1.0
-    w[:, 1] = torch.where(torch.arange(v) % 2 == 0, 1.0, -1.0) * (1.0 + (torch.arange(v) % 7).float() / 8)
-    grad = torch.tensor([1.0, -3.0], dtype=torch.float32)
-    return {"grad": grad, "hidden": h.to(torch.bfloat16), "weight": w.to(torch.bfloat16), "temperature": 1.0}
+    """V = 140000: logits +-1.9375 * 2**-8 on the two halves of the vocabulary (weight rows +-(1.9375,
+    1.9375), hidden (2**-8, 0)). Then ``|c|`` is the same on every row in reals (``q_+ e_+ = q_- |e_-|``)
+    and the sign of c matches the weight's, so every term of ``D`` is at the grid maximum of both
+    operands: ``|D| >= 140000 * 1.9375 * 2**45 > 2**63``, and an int64 accumulator wraps."""
+    v = 140000
+    w = torch.full((v, 2), 1.9375, dtype=torch.float32)
+    w[v // 2:] = -1.9375
+    h = torch.tensor([[2.0**-8, 0.0], [2.0**-8, 0.0]])
+    return {"grad": torch.tensor([1.0, -3.0]), "hidden": h.to(torch.bfloat16), "weight": w.to(torch.bfloat16),
+            "temperature": 1.0}
+
+
+def _hidden_rounding_tie() -> dict[str, Any]:
+    """V = 3, logits (0, 0, x): ``c_2 ~ -2 c_0`` and column 1 of W = (-1, 0, -3 * 2**-10), so
+    ``d_hidden[t, 1] = |c_0| (1 - 3 * 2**-9) + ~2**-31`` with grad chosen to make ``|c_0|`` about 1:
+    just above a bf16 tie whose lower neighbour is even. Rounded once it goes up (0.99609375); through
+    fp32 the excess is lost and the tie goes to even, 0.9921875 (P3' against P3; found by search)."""
+    h = torch.tensor([[-0.515625, 0.0], [-0.546875, 0.0], [-0.6015625, 0.0]], dtype=torch.bfloat16)
+    w = torch.tensor([[0.0, -1.0], [0.0, 0.0], [1.0, -3 * 2.0**-10]], dtype=torch.bfloat16)
+    grad = torch.tensor([21.907135009765625, 21.010534286499023, 19.695087432861328], dtype=torch.float32)
+    return {"grad": grad, "hidden": h, "weight": w, "temperature": 1.0}
 
 
 def _grad_specials() -> dict[str, Any]:
@@ -361,7 +371,8 @@ def adversarial_cases() -> list[Case]:
 
     return [
         case("small_vocab_v3_tau0.7", _small_vocab),
-        case("vocab_70000_beyond_int64", _vocab_beyond_int64),
+        case("vocab_140000_beyond_int64", _vocab_beyond_int64),
+        case("hidden_rounding_tie", _hidden_rounding_tie),
         case("grad_specials", _grad_specials),
         case("specials_in_hidden_bf16", lambda: _specials_hidden(torch.bfloat16)),
         case("specials_in_hidden_fp16", lambda: _specials_hidden(torch.float16)),

@@ -7,7 +7,7 @@ the op, the inputs that require grad and how to proceed) or return outputs whose
 one the op defines; no float output may come back silently detached. Under ``torch.no_grad()``,
 ``torch.inference_mode()`` and with detached inputs every op runs and gives the bits of the plain
 call. The backwards that exist (``linear``, ``ppo_loss``, ``rms_norm``, ``silu_mul``, ``rope``, ``kl_k3``,
-``masked_mean``) are checked against float64 autograd of the same math: accuracy tests, with the
+``masked_mean``, ``token_entropy``) are checked against float64 autograd of the same math: accuracy tests, with the
 tolerance in their names and docstrings.
 """
 
@@ -32,7 +32,8 @@ DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossF
                     "embedding": {"EmbeddingFunctionBackward", "ViewBackward0"},  # its output reshaped to ids.shape
                     "rms_norm": {"RMSNormFunctionBackward"}, "silu_mul": {"SiluMulFunctionBackward"},
                     "rope": {"RopeFunctionBackward"}, "kl_k3": {"KLK3FunctionBackward"},
-                    "masked_mean": {"MaskedMeanFunctionBackward"}}
+                    "masked_mean": {"MaskedMeanFunctionBackward"},
+                    "token_entropy": {"TokenEntropyFunctionBackward"}}
 
 
 def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:

@@ -32,6 +32,6 @@ __all__ = [
     "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
     "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
-    "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_entropy", "token_entropy_backward", "token_logprobs", "token_logprobs_finish",
-    "token_logprobs_partial",
+    "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_entropy", "token_entropy_backward", "token_logprobs",
+    "token_logprobs_finish", "token_logprobs_partial",
 ]

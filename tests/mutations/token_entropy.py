@@ -27,7 +27,6 @@ from mutations.token_logprobs import (
     _exponent_plus_one,
     _half_away,
     _max_ignoring_nan,
-    _max_keeping_negative_zero,
     _reciprocal,
     _tau_toward_zero,
     _top_digit_dropped,
@@ -55,8 +54,13 @@ def _term_toward_zero(p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return torch.where(p == 0, 0.0, g)
 
 
-def _term_without_zero_rule(p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    return p * (-d)
+def _stats_nan_terms(z: torch.Tensor, vs: int) -> Any:
+    """No zero rule: the term of a -inf logit is 0 * inf = NaN and, as IEEE arithmetic would, makes the
+    row's sum NaN (the generic grid maps a NaN term to 0, so the rule is applied at the row)."""
+    m0, finite, total, mean = _stats(z, vs)
+    d = torch.where(finite.unsqueeze(1), z - m0.unsqueeze(1), 0.0)
+    bad = torch.isnan(_exp_c(d) * (-d)).any(dim=-1)
+    return m0, finite, total, torch.where(bad, float("nan"), mean)
 
 
 def _mean_reciprocal(ubar: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -91,7 +95,8 @@ def _batch_max(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor
 MUTATIONS = [
     mutation(OP, "hidden_grid_bits", "H_BITS 27 -> 26", patch(TL, "H_BITS", 26)),
     mutation(OP, "head_grid_bits", "W_BITS 20 -> 19", patch(TL, "W_BITS", 19)),
-    mutation(OP, "logits_grid_rounding", "ties to even -> ties away", patch("_exact.digits", "_round_grid", _half_away)),
+    mutation(OP, "logits_grid_rounding", "ties to even -> ties away",
+             patch("_exact.digits", "_round_grid", _half_away)),
     mutation(OP, "logits_row_exponent", "expo + 1", patch(TL, "row_exponents", _exponent_plus_one)),
     mutation(OP, "logits_nonfinite", "non-finite rows not NaN", patch(TL, "_digits", _digits_all_finite)),
     mutation(OP, "logits_product", "top digit dropped", patch(TL, "_digits", _top_digit_dropped)),
@@ -103,7 +108,8 @@ MUTATIONS = [
     mutation(OP, "temperature", "fp32(tau) rounded toward zero", patch(TL, "_tau", _tau_toward_zero)),
     mutation(OP, "temperature", "z * (1 / tau)", patch(TL, "_divide", _reciprocal)),
     mutation(OP, "row_max", "NaN logits ignored", patch(M, "nan_max", _max_ignoring_nan)),
-    mutation(OP, "row_max", "a zero max keeps its sign", patch(M, "nan_max", _max_keeping_negative_zero)),
+    # (a zero max keeping its sign is invisible here: d = +-0 gives p = 1 and g = +-0, which the grid
+    # maps to 0 -- unlike token_logprobs, whose output is z_y - m itself)
     mutation(OP, "exp_c", "coefficient E1 + 1 ulp", patch(TR, "_E1", transcendental._E1 + 1)),
     mutation(OP, "sum_grid", "F 40 -> 39", patch(M, "F_SUM", 39)),
     mutation(OP, "sum_grid", "F 40 -> 41", patch(M, "F_SUM", 41)),
@@ -111,9 +117,11 @@ MUTATIONS = [
     mutation(OP, "sum_rounding", "to nearest -> toward zero", patch(M, "to_fixed", to_fixed_rounding(toward_zero))),
     mutation(OP, "int_to_fp32", "through float64 (double rounding)",
              patch(M, "int64_to_f32", int64_to_f32_via_float64)),
-    mutation(OP, "int_to_fp32", "ties to even -> ties away", patch(M, "int64_to_f32", int64_to_f32_rounding(ties_away))),
+    mutation(OP, "int_to_fp32", "ties to even -> ties away",
+             patch(M, "int64_to_f32", int64_to_f32_rounding(ties_away))),
     mutation(OP, "entropy_term", "p * (-d) rounded toward zero", patch(M, "_entropy_term", _term_toward_zero)),
-    mutation(OP, "zero_term", "no rule for p = 0 (p * inf is NaN)", patch(M, "_entropy_term", _term_without_zero_rule)),
+    mutation(OP, "zero_term", "no rule for p = 0 (p * inf is NaN)",
+             patch(M, "_stats", _stats_nan_terms)),
     mutation(OP, "mean_division", "Ubar * (1 / L)", patch(M, "_mean_divide", _mean_reciprocal)),
     mutation(OP, "log_c", "coefficient L0 + 1 ulp", patch(TR, "_L0", transcendental._L0 + 1)),
     mutation(OP, "output_rounding", "log_c(L) + mean rounded toward zero", patch(M, "_entropy", _output_toward_zero)),
