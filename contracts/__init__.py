@@ -26,6 +26,8 @@ CONTRACT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "token_logprobs",
     "token_logprobs_backward",
+    "token_entropy",
+    "token_entropy_backward",
     "attention",
     "attention_backward",
     "all_reduce",

@@ -33,7 +33,8 @@ DEFINED_GRAD_FNS = {"linear": {"LinearFunctionBackward"}, "ppo_loss": {"PPOLossF
                     "rms_norm": {"RMSNormFunctionBackward"}, "silu_mul": {"SiluMulFunctionBackward"},
                     "rope": {"RopeFunctionBackward"}, "kl_k3": {"KLK3FunctionBackward"},
                     "masked_mean": {"MaskedMeanFunctionBackward"}, "token_logprobs": {"TokenLogprobsFunctionBackward"},
-                    "attention": {"AttentionFunctionBackward"}}
+                    "attention": {"AttentionFunctionBackward"},
+                    "token_entropy": {"TokenEntropyFunctionBackward"}}
 
 
 def _golden() -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:

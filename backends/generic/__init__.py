@@ -37,6 +37,8 @@ KERNELS = {
     "token_logprobs_backward": "token_logprobs_backward:token_logprobs_backward",
     "token_logprobs_backward_partial": "token_logprobs_backward:token_logprobs_backward_partial",
     "token_logprobs_backward_finish": "token_logprobs_backward:token_logprobs_backward_finish",
+    "token_entropy": "token_entropy:token_entropy",
+    "token_entropy_backward": "token_entropy:token_entropy_backward",
     "attention": "attention:attention",
     "attention_paged": "attention:attention_paged",
     "attention_backward": "attention_backward:attention_backward",

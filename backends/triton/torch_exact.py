@@ -25,13 +25,11 @@ from rlkernel.backends.generic.rms_norm_backward import rms_norm_backward
 from rlkernel.backends.generic.rope_backward import rope_backward
 from rlkernel.backends.generic.sample import sample
 from rlkernel.backends.generic.silu_mul_backward import silu_mul_backward
+from rlkernel.backends.generic.token_entropy import token_entropy, token_entropy_backward
 from rlkernel.backends.generic.token_logprobs_backward import (
-    token_logprobs_backward,
-    token_logprobs_backward_finish,
-    token_logprobs_backward_partial,
-)
 
 __all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
            "group_advantages", "kl_k3_backward", "masked_mean", "masked_mean_backward", "ppo_loss",
-           "rms_norm_backward", "rope_backward", "sample", "sgd", "silu_mul_backward", "token_logprobs_backward",
-           "token_logprobs_backward_finish", "token_logprobs_backward_partial"]
+           "rms_norm_backward", "rope_backward", "sample", "sgd", "silu_mul_backward", "token_entropy",
+           "token_entropy_backward", "token_logprobs_backward", "token_logprobs_backward_finish",
+           "token_logprobs_backward_partial"]

@@ -242,6 +242,15 @@ class Qwen3ForCausalLM(nn.Module):
         """
         return self.lm_head.logprobs(hidden, targets, temperature)
 
+    def entropy(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Entropy of each row's next-token distribution: float32 ``[T]``, never full logits.
+
+        ``hidden`` ``[T, H]`` rows of :meth:`forward`; ``p = softmax(hidden @ lm_head.T / temperature)``,
+        ``H = -sum_v p_v log p_v`` (contract ``token_entropy`` v1, differentiable for an entropy
+        bonus such as verl's ``entropy_coeff``). TP = 1 only (raises ``NotImplementedError`` otherwise).
+        """
+        return self.lm_head.entropy(hidden, temperature)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary float32 logits ``[B, V]`` of a few rows (the next-token rows, for ``sample``)."""
         return self.lm_head.logits(hidden)

@@ -1,4 +1,4 @@
-"""Vocabulary-parallel token embedding and LM head (log-probabilities without full logits)."""
+"""Vocabulary-parallel token embedding and LM head (log-probabilities and entropy without full logits)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rlkernel.ops import (
     exact_sum_merge,
     exact_sum_partial,
     linear,
+    token_entropy,
     token_logprobs,
     token_logprobs_backward_finish,
     token_logprobs_backward_partial,
@@ -103,8 +104,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     ``[T, V]`` logits are never held whole, and every TP degree gives the one-rank bits.
     :meth:`logits` computes the whole fp32 logits of a few rows, for sampling.
 
-    Entropy is not offered: ``-sum p log p`` over the vocabulary needs its own exact
-    reduction, which no op contract defines yet.
+    :meth:`entropy`: ``-sum_v p_v log p_v`` of each row's next-token distribution through
+    ``rlkernel.ops.token_entropy`` (contract ``token_entropy`` v1: two exact sums over the
+    vocabulary, differentiable in the hidden states and the head), on one rank only: no sharded
+    entropy sub-ops exist yet, so TP > 1 raises.
     """
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
@@ -142,6 +145,39 @@ class ParallelLMHead(VocabParallelEmbedding):
                                                        self.group)
             return out
         return _sharded_logprobs(hidden, self.weight, targets, temperature, self.vocab_start, self.group)[0]
+
+    def entropy(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Entropy of each row's next-token distribution ``softmax(hidden @ W.T / temperature)``.
+
+        Parameters
+        ----------
+        hidden : Tensor, the head's dtype, [T, H]
+            Final hidden states (after the model's last norm).
+        temperature : float
+            Logits are divided by ``fp32(temperature)`` (> 0), as in sampling.
+
+        Returns
+        -------
+        Tensor, float32, [T]
+
+        Raises
+        ------
+        NotImplementedError
+            Under tensor parallelism (``tp_size > 1``): the vocabulary-sharded entropy (exact
+            partial sums merged over the ranks) is not defined yet.
+
+        Bitwise semantics
+        -----------------
+        Contract ``token_entropy`` v1 (``rlkernel.ops.token_entropy``): ``H = log_c(L) + U / L``
+        with ``L`` token_logprobs' exact normaliser and ``U`` the exact grid sum of ``p (m - z)``;
+        a row's result depends only on that row. Differentiable (``token_entropy_backward``).
+        """
+        if self.tp_size != 1:
+            raise NotImplementedError(
+                f"ParallelLMHead.entropy: tensor parallelism (tp_size = {self.tp_size}) is not supported: the "
+                f"vocabulary-sharded entropy (token_entropy partial/finish ops) is not defined yet; compute "
+                f"entropy with tp_size = 1, or gather the head's weight and call rlkernel.ops.token_entropy")
+        return token_entropy(hidden, self.weight, temperature)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).

@@ -24,21 +24,16 @@ from rlkernel.ops.sample import sample
 from rlkernel.ops.sgd import sgd
 from rlkernel.ops.silu_mul import silu_mul, silu_mul_backward
 from rlkernel.ops.softmax import log_softmax, softmax
+from rlkernel.ops.token_entropy import token_entropy, token_entropy_backward
 from rlkernel.ops.token_logprobs import (
-    token_logprobs,
-    token_logprobs_backward,
-    token_logprobs_backward_finish,
-    token_logprobs_backward_partial,
-    token_logprobs_finish,
-    token_logprobs_partial,
-)
+from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
 
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_finish",
     "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
     "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
-    "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_logprobs", "token_logprobs_backward",
-    "token_logprobs_backward_finish", "token_logprobs_backward_partial", "token_logprobs_finish",
-    "token_logprobs_partial",
+    "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_entropy", "token_entropy_backward", "token_logprobs",
+    "token_logprobs_backward", "token_logprobs_backward_finish", "token_logprobs_backward_partial",
+    "token_logprobs_finish", "token_logprobs_partial",
 ]

@@ -13,9 +13,10 @@ It is the scoring path (old log-probs, reference log-probs, validation); run it 
 :func:`rlkernel.train.grpo.completion_logprobs`, which also records the sequences as the units
 of the weight gradients (:mod:`rlkernel.grads`).
 
-Entropy is not offered: ``-sum_v p_v log p_v`` over the vocabulary needs an exact reduction of
-its own (a ``token_entropy`` op contract, or an entropy output of ``token_logprobs``), which does
-not exist yet; composing it from full logits would be neither exact nor memory-bounded.
+Entropy is a separate call on the same hidden rows: :meth:`Qwen3ForCausalLM.entropy` /
+``rlkernel.ops.token_entropy`` (contract ``token_entropy`` v1: ``-sum_v p_v log p_v`` from
+token_logprobs' exact normaliser plus one more exact sum over the vocabulary, memory-bounded,
+differentiable; TP = 1 only for now). ``packed_logprobs`` itself returns log-probs only.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import importlib
 from rlkernel.conformance.accuracy.suite import Measurement
 
 #: Modules in report order; each defines ``measurements() -> list[Measurement]``.
-MODULES = ("linear", "token_logprobs", "token_logprobs_backward", "attention", "attention_backward", "rms_norm",
-           "rms_norm_backward", "rope", "rope_backward", "silu_mul", "silu_mul_backward", "softmax", "embedding",
-           "all_reduce", "sample", "rl", "rl_backward", "optim", "exact_sum")
+MODULES = ("linear", "token_logprobs", "token_entropy", "token_logprobs_backward", "attention", "attention_backward",
+           "rms_norm", "rms_norm_backward", "rope", "rope_backward", "silu_mul", "silu_mul_backward", "softmax",
+           "embedding", "all_reduce", "sample", "rl", "rl_backward", "optim", "exact_sum")
 
 
 def all_measurements(ops: list[str] | None = None) -> list[Measurement]:
