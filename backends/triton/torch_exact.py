@@ -27,6 +27,10 @@ from rlkernel.backends.generic.sample import sample
 from rlkernel.backends.generic.silu_mul_backward import silu_mul_backward
 from rlkernel.backends.generic.token_entropy import token_entropy, token_entropy_backward
 from rlkernel.backends.generic.token_logprobs_backward import (
+    token_logprobs_backward,
+    token_logprobs_backward_finish,
+    token_logprobs_backward_partial,
+)
 
 __all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
            "group_advantages", "kl_k3_backward", "masked_mean", "masked_mean_backward", "ppo_loss",

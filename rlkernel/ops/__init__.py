@@ -26,7 +26,13 @@ from rlkernel.ops.silu_mul import silu_mul, silu_mul_backward
 from rlkernel.ops.softmax import log_softmax, softmax
 from rlkernel.ops.token_entropy import token_entropy, token_entropy_backward
 from rlkernel.ops.token_logprobs import (
-from rlkernel.ops.token_logprobs import token_logprobs, token_logprobs_finish, token_logprobs_partial
+    token_logprobs,
+    token_logprobs_backward,
+    token_logprobs_backward_finish,
+    token_logprobs_backward_partial,
+    token_logprobs_finish,
+    token_logprobs_partial,
+)
 
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_finish",
