@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from rlkernel.backends.generic import linear as _linear
 from rlkernel.backends.generic._exact.digits import int_product
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
@@ -96,7 +97,7 @@ def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tenso
     """Exact int64 ``X @ Wt.T``: x rows on 28-bit grids ``ex``, w rows on 21-bit grids ``ew`` (K <= 2**16 - 1)."""
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=torch.int64, device=x.device)
-    if x.device.type == "cpu":
+    if _linear._path(x.device) == "f64":  # linear's choice (the primitive trace takes the digits path)
         return _product_f64(_grid_f64(x, ex, C_BITS), _grid_f64(w, ew, O_BITS))
     return int_product(_digits_f32(x, ex, C_BITS, C_DIGITS), _digits_f32(w, ew, O_BITS, O_DIGITS))
 

@@ -1,10 +1,10 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
 ``sample``, ``group_advantages``, ``ppo_loss``, ``masked_mean``, ``adamw``, ``sgd``, the ``exact_sum``
-ops, ``token_logprobs_backward`` with its sharded sub-ops (logits and products as exact digit
-GEMMs combined in int64; a fused Triton kernel comes with the performance work) and the backwards
-``rms_norm_backward``, ``rope_backward``, ``silu_mul_backward``, ``kl_k3_backward`` and
-``masked_mean_backward`` run on the GPU as the device-generic
+ops, ``token_entropy`` and every backward (``attention_backward``, ``token_logprobs_backward`` with its
+sharded sub-ops, ``token_entropy_backward``, ``rms_norm_backward``, ``rope_backward``,
+``silu_mul_backward``, ``kl_k3_backward``, ``masked_mean_backward``; their digit products are exact
+GEMMs combined in int64; fused Triton kernels come with the performance work) run on the GPU as the device-generic
 implementations (integer ranking and Philox for ``sample``, the P10 exact superaccumulator for
 the RL reductions and rms_norm's row sum, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
