@@ -16,7 +16,8 @@
 # seconds (0 skips a step; the defaults add up to 11.5 minutes, lower them to fit one call) and
 # RLK_BENCH_OPS="--op rms_norm ..." narrows the benchmark; RLK_VALIDATE_RUNS="args\nargs" runs
 # `rlkernel validate` once per line; RLK_OP_GROUPS / RLK_GENERIC_OPS narrow the conformance runs;
-# RLK_COMMANDS="name|seconds|command" lines run after validate ($WORK, $PY and rlkernel available).
+# RLK_COMMANDS="name|seconds|command" lines run after validate ($WORK, $PY and rlkernel available);
+# RLK_PARALLEL lines of the same form start beside phase A.
 #
 # Step outputs go to $WORK/<step>.log and report folders under $WORK; after every step $WORK is
 # packed into $OUT/results.tgz (the device tool returns at most 8 files), and $OUT/summary.txt
@@ -85,6 +86,11 @@ if [ "${RLK_LIMIT_PARTS:-250}" != 0 ]; then
         step "cuda_part$i" "${RLK_LIMIT_PARTS:-250}" rlkernel conformance --backend cuda --device cuda --full $ops --out "$WORK/cuda-part$i" &
     done
 fi
+# RLK_PARALLEL: "name|seconds|command" lines started now, beside phase A (e.g. a long GPU run)
+while IFS='|' read -r name limit cmd; do
+    [ -z "$name" ] && continue
+    step "$name" "$limit" bash -c "$cmd" &
+done <<< "${RLK_PARALLEL:-}"
 GENERIC_OPS=""
 for op in ${RLK_GENERIC_OPS:-}; do GENERIC_OPS="$GENERIC_OPS --op $op"; done
 [ "${RLK_LIMIT_GENERIC:-250}" != 0 ] && step conformance_generic "${RLK_LIMIT_GENERIC:-250}" rlkernel conformance --backend generic --device cuda --full $GENERIC_OPS --out "$WORK/generic" &
