@@ -36,7 +36,7 @@ import torch
 
 from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 
-__all__ = ["ExactGradients", "current_units", "deposit", "sequence_units", "weight_grad"]
+__all__ = ["ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units", "weight_grad"]
 
 _UNITS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("rlkernel_units", default=None)
 
@@ -133,18 +133,57 @@ def _rows_per_step(acc: torch.Tensor) -> int:
     return max(1, _MERGE_ELEMENTS // per_row)
 
 
+def merge_into(state: torch.Tensor, part: torch.Tensor) -> None:
+    """``state <- merge(state, part)`` in place (contract ``exact_sum``), a slice of rows at a time.
+
+    Both int64 ``[*E, 20]``; the temporaries are a few copies of one slice, never of the whole.
+    """
+    if state.dim() == 1:  # one state
+        state.copy_(exact_sum_merge(torch.stack([state, part.to(state.device)])))
+        return
+    step = _rows_per_step(state)
+    for r0 in range(0, state.shape[0], step):
+        state[r0:r0 + step] = exact_sum_merge(torch.stack([state[r0:r0 + step], part[r0:r0 + step].to(state.device)]))
+
+
 def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
     """:func:`weight_grad` for terms already summed into an exact state (int64 [*param.shape, 20])."""
     acc = getattr(param, "exact_grad", None)
     if acc is None:
         return exact_sum_finish(state).to(param.dtype)
-    if acc.dim() == 1:  # a 0-d parameter: one state
-        param.exact_grad = exact_sum_merge(torch.stack([acc, state.to(acc.device)]))  # type: ignore[attr-defined]
-        return None
-    step = _rows_per_step(acc)
-    for r0 in range(0, acc.shape[0], step):  # in place, a slice at a time: no full-size temporaries
-        acc[r0:r0 + step] = exact_sum_merge(torch.stack([acc[r0:r0 + step], state[r0:r0 + step].to(acc.device)]))
+    merge_into(acc, state)
     return None
+
+
+class UnitStates:
+    """The exact sum of a parameter's per-unit states (one per sequence) within one backward call.
+
+    With an accumulator on the parameter (:class:`ExactGradients`) each unit's state goes straight
+    into it; otherwise they are merged into one local state, finished by :meth:`gradient`. Either
+    way the memory is one state plus a slice, whatever the number of units.
+    """
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param = param
+        self.state: torch.Tensor | None = None
+
+    def add(self, part: torch.Tensor) -> None:
+        """Add one unit's state (int64 ``[*param.shape, 20]``)."""
+        acc = getattr(self.param, "exact_grad", None)
+        if acc is not None:
+            merge_into(acc, part)
+        elif self.state is None:
+            self.state = part
+        else:
+            merge_into(self.state, part)
+
+    def gradient(self) -> torch.Tensor | None:
+        """The value for autograd: None with an accumulator, else ``RN_dtype(RN32(sum))``."""
+        if getattr(self.param, "exact_grad", None) is not None:
+            return None
+        if self.state is None:
+            return torch.zeros_like(self.param)
+        return exact_sum_finish(self.state).to(self.param.dtype)
 
 
 class ExactGradients:

@@ -11,7 +11,6 @@ from rlkernel.nn.linear import ShardId, frozen
 from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
 from rlkernel.ops import (
     embedding,
-    exact_sum_merge,
     exact_sum_partial,
     linear,
     token_entropy,
@@ -243,7 +242,7 @@ class _ShardedLogprobs(torch.autograd.Function):
         spans = [(a, b) for a, b in zip(ctx.units, ctx.units[1:]) if b > a] if need_w else [(0, t)]
         his: list[torch.Tensor] = []
         los: list[torch.Tensor] = []
-        states: list[torch.Tensor] = []
+        units = grads.UnitStates(weight)
         for a, b in spans:
             hi, lo, dw = token_logprobs_backward_partial(g[a:b], hidden[a:b], weight, targets[a:b], start,
                                                          row_max[a:b], sums[a:b], tau, exponents=(ec[a:b], ew),
@@ -252,15 +251,9 @@ class _ShardedLogprobs(torch.autograd.Function):
             his.append(hi)
             los.append(lo)
             if dw is not None:
-                states.append(exact_sum_partial(dw.unsqueeze(0)))
+                units.add(exact_sum_partial(dw.unsqueeze(0)))
         words = all_reduce_exact(torch.cat([torch.cat(his), torch.cat(los)]), "sum", group)
         dh = token_logprobs_backward_finish(words[:t], words[t:], ec, ew, hidden.dtype) if t else hidden.new_zeros(
             hidden.shape)
-        gw = None
-        if need_w:
-            if states:
-                state = states[0] if len(states) == 1 else exact_sum_merge(torch.stack(states))
-            else:
-                state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
-            gw = grads.deposit(weight, state)
+        gw = units.gradient() if need_w else None
         return (dh if ctx.needs_input_grad[0] else None), gw, None, None, None, None

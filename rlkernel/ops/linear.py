@@ -14,7 +14,7 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import exact_sum_partial
 
 __all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
 
@@ -157,15 +157,13 @@ def _weight_grad(weight: torch.Tensor, gy: torch.Tensor, x2: torch.Tensor, units
     for a, b in spans:
         _backward_bound("dW = dY.T @ x of one sequence", "its tokens", b - a)
     per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
-    state = None
+    unit_sum = grads.UnitStates(weight)
     for g0 in range(0, len(spans), per_group):
         terms = torch.stack([dispatch.call("linear", gy.device, x=gy[a:b].T, weight=x2[a:b].T, bias=None,
                                            out_dtype=torch.float32) for a, b in spans[g0:g0 + per_group]])
         part = exact_sum_partial(terms)
-        state = part if state is None else exact_sum_merge(torch.stack([state, part]))
-    if state is None:
-        state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
-    return grads.deposit(weight, state)
+        unit_sum.add(part)
+    return unit_sum.gradient()
 
 
 def _backward_bound(what: str, axis: str, size: int) -> None:

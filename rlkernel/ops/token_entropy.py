@@ -10,7 +10,7 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import exact_sum_partial
 from rlkernel.ops.token_logprobs import MAX_HIDDEN, MAX_VOCAB, _temperature
 
 __all__ = ["TokenEntropyFunction", "token_entropy", "token_entropy_backward"]
@@ -141,7 +141,7 @@ class TokenEntropyFunction(torch.autograd.Function):
                                    need_hidden=need_h, need_weight=True)
             return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None
         dh_parts: list[torch.Tensor] = []
-        state = None
+        units_sum = grads.UnitStates(weight)
         per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
         for g0 in range(0, len(spans), per_group):
             terms = []
@@ -152,13 +152,11 @@ class TokenEntropyFunction(torch.autograd.Function):
                     dh_parts.append(dh_u)
                 terms.append(dw_u)
             part = exact_sum_partial(torch.stack(terms))
-            state = part if state is None else exact_sum_merge(torch.stack([state, part]))
-        if state is None:  # no tokens
-            state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
+            units_sum.add(part)
         dh = None
         if need_h:
             dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)
-        return dh, grads.deposit(weight, state), None
+        return dh, units_sum.gradient(), None
 
 
 def _unit_bound(tokens: int) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import exact_sum_partial
 
 #: Largest vocabulary (all shards together): V * 2**40 < 2**63 (exact probability sum, F = 40).
 MAX_VOCAB = 1 << 22
@@ -182,7 +182,7 @@ class TokenLogprobsFunction(torch.autograd.Function):
                                    temperature=tau, need_hidden=need_h, need_weight=True)
             return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None, None
         dh_parts: list[torch.Tensor] = []
-        state = None
+        units_sum = grads.UnitStates(weight)
         per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
         for g0 in range(0, len(spans), per_group):
             terms = []
@@ -194,13 +194,11 @@ class TokenLogprobsFunction(torch.autograd.Function):
                     dh_parts.append(dh_u)
                 terms.append(dw_u)
             part = exact_sum_partial(torch.stack(terms))
-            state = part if state is None else exact_sum_merge(torch.stack([state, part]))
-        if state is None:  # no tokens
-            state = exact_sum_partial(torch.zeros((0, *weight.shape), dtype=torch.float32, device=weight.device))
+            units_sum.add(part)
         dh = None
         if need_h:
             dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)
-        return dh, grads.deposit(weight, state), None, None
+        return dh, units_sum.gradient(), None, None
 
 
 def _unit_bound(tokens: int) -> None:
