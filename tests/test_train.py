@@ -6,11 +6,16 @@
   same weight SHA-256 as the size-4 run after every one of those steps (exact gradient
   accumulation). The H200 report runs every size for the full 200 steps.
 - a k3 KL to a reference model and the sequence-mean aggregation, whole batch vs micro-batches.
+- after 200 steps, the weights SHA-256 of the committed H200 run of the same configuration
+  (conformance/results/train/h200-*/report.json, ``rlkernel validate --train-steps 200 ...``):
+  the CPU and the GPU end in the same bits.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +50,23 @@ def test_every_step_has_zero_mismatches(long_run: list[StepMetrics]) -> None:
         assert m.max_ratio_dev == 0.0, f"step {m.step}: max |ratio - 1| = {m.max_ratio_dev}"
         assert m.tokens > 0
     assert len({m.weights_sha256 for m in long_run}) == STEPS, "the weights must change at every step"
+
+
+H200_REPORTS = sorted((Path(__file__).resolve().parents[1] / "conformance" / "results" / "train").glob("h200-*"))
+
+
+def test_final_weights_equal_the_h200_run(long_run: list[StepMetrics]) -> None:
+    if STEPS != 200:
+        pytest.skip("the H200 report is of 200 steps (RLKERNEL_TRAIN_STEPS=200)")
+    assert H200_REPORTS, "no committed H200 training report"
+    report = json.loads((H200_REPORTS[-1] / "report.json").read_text())
+    settings = report["settings"]
+    assert (settings["steps"], settings["hidden_size"], settings["num_prompts"], settings["group_size"],
+            settings["max_digits"], settings["lr"], settings["init_std"], settings["micro_batch"]) == (
+        200, 32, 2, 4, 3, 0.003, 0.05, 4), "the H200 report is of another configuration than _trainer(4)"
+    h200 = [s["ours"]["weights_sha256"] for s in report["steps"]]
+    assert [m.weights_sha256 for m in long_run] == h200
+    assert long_run[-1].weights_sha256 == report["final_sha256"]
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 2, None])
