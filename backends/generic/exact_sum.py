@@ -66,4 +66,7 @@ def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
     """``RN32`` of each state's exact sum, fp32 ``states.shape[:-1]``."""
     if states.numel() == 0:
         return torch.zeros(states.shape[:-1], dtype=torch.float32, device=states.device)
-    return superacc.finish(states)
+    flat = states.reshape(-1, superacc.STATE_SLOTS)
+    step = superacc.STEP_ELEMENTS  # bounds finish's int64 temporaries (a weight's state can be tens of GB)
+    out = torch.cat([superacc.finish(flat[r0:r0 + step]) for r0 in range(0, flat.shape[0], step)])
+    return out.reshape(states.shape[:-1])
