@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlkernel.contracts import embedding as contract
+from rlkernel.contracts._exact import superacc
 from rlkernel.contracts._gen import integers, normal, seed_of
-from rlkernel.dispatch import BackwardNotDefined
 from rlkernel.ops.embedding import embedding
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -85,13 +85,22 @@ def test_batch_invariance_and_shapes() -> None:
     assert embedding(torch.zeros(2, 0, dtype=torch.int32), w).shape == (2, 0, 16)
 
 
-def test_weight_requiring_grad_raises_at_the_call_and_runs_without_grad() -> None:
-    # Before: the call returned a graph whose backward raised later; now the call itself refuses.
+def test_weight_gradient_is_the_exact_scatter_add() -> None:
+    """dW[v] = RN32(exact sum of the gradient rows of the tokens with id v) (contract exact_sum),
+    whatever the order of the tokens; no grad_fn under no_grad."""
     w = _weight("ag", 20, 8, FP32)
-    ids = torch.tensor([3, 1, 3])
+    ids = torch.tensor([3, 1, 3, 19, 3, 0])
+    g = torch.randn(6, 8, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 1e-30, 1e30, 1, 1, 1, 1, 1])
     wr = w.clone().requires_grad_(True)
-    with pytest.raises(BackwardNotDefined, match=r"rlkernel.ops.embedding: backward is not defined yet, and weight"):
-        embedding(ids, wr)
+    embedding(ids, wr).backward(g)
+    expected = torch.zeros(20, 8)
+    for v in ids.unique().tolist():
+        expected[v] = superacc.exact_sum(g[ids == v].T.contiguous(), dim=-1)
+    assert_bits_equal(expected, wr.grad)
+    perm = torch.tensor([5, 2, 0, 4, 1, 3])
+    wp = w.clone().requires_grad_(True)
+    embedding(ids[perm], wp).backward(g[perm])
+    assert_bits_equal(wr.grad, wp.grad)
     with torch.no_grad():
         out = embedding(ids, wr)
     assert out.grad_fn is None

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import rlkernel
 from rlkernel.backends.generic import linear as generic
 from rlkernel.contracts import linear as contract
+from rlkernel.contracts._exact import superacc
 from rlkernel.contracts._gen import normal, seed_of, with_outlier_channels
 from rlkernel.ops.all_reduce import all_reduce
 from rlkernel.ops.linear import SENTINEL, ZERO_EXP, linear, linear_exponents, linear_finish, linear_partial
@@ -280,9 +281,10 @@ def test_backward_is_the_exact_digit_matmul_and_deterministic() -> None:
     gx, gw, gb = grads[0]
     gyr = gy.to(BF16)
     assert_bits_equal(contract.reference(gyr, w.T.contiguous(), out_dtype=BF16), gx, "dX")
-    assert_bits_equal(contract.reference(gyr.T.contiguous(), x.T.contiguous(), out_dtype=BF16), gw, "dW")
-    ones = torch.ones(1, 9, dtype=BF16)
-    assert_bits_equal(contract.reference(gyr.T.contiguous(), ones, out_dtype=FP32).reshape(6), gb, "dbias")
+    # one unit (no sequence_units): dW = linear v2 in fp32, the (single-term) exact sum rounded to the weight dtype
+    assert_bits_equal(contract.reference(gyr.T.contiguous(), x.T.contiguous(), out_dtype=FP32).to(BF16), gw, "dW")
+    # dbias: the exact sum of dY's fp32 values over the tokens, rounded once (contract exact_sum)
+    assert_bits_equal(superacc.exact_sum(gy.T.contiguous(), dim=-1), gb, "dbias")
 
 
 def test_backward_rows_are_batch_invariant() -> None:
