@@ -24,21 +24,25 @@ from __future__ import annotations
 
 import torch
 
-from rlkernel.backends.generic import linear as _linear
 from rlkernel.backends.generic import token_logprobs as _tl
-from rlkernel.backends.generic._exact.digits import int_product
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
     canonical_nan,
-    exponent,
-    int64_pair_to_float,
     int64_to_f32,
-    int64_to_float,
     nan_max,
     scale_pow2,
 )
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
-from rlkernel.backends.generic.linear import SENTINEL, ZERO_EXP, _digits_f32, _exponents, _grid_f64, _product_f64
+from rlkernel.backends.generic.linear import _exponents
+from rlkernel.backends.generic.token_logprobs_backward import (  # the same coefficient products and finishes
+    _column_exponents,
+    _grad_scale,
+    _product,
+    _softmax_divide,
+    _split,
+)
+from rlkernel.backends.generic.token_logprobs_backward import _finish as _finish_weight
+from rlkernel.backends.generic.token_logprobs_backward import _finish_wide as _finish_hidden
 
 #: Bytes of the fp32 logits block one token chunk keeps (and of its coefficients in the backward).
 LOGITS_BYTES = 96 << 20
@@ -46,13 +50,9 @@ LOGITS_BYTES = 96 << 20
 WORK_BYTES = 48 << 20
 #: Bytes per logit of the exp / grid temporaries.
 _E_BYTES = 160
-#: grid magnitude bits and digits of the coefficient rows (28-bit grids) and of the other operand (21-bit)
-C_BITS, C_DIGITS = 27, 4
-O_BITS, O_DIGITS = 20, 3
+# The grids, the digit products and the two-word d_hidden sum are token_logprobs_backward's (imported).
 #: vocabulary rows per exact int64 partial of d_hidden (at most 2**16 - 1; the total is chunk-free)
 VOCAB_CHUNK = 1 << 15
-#: the wide d_hidden sum D = HI * 2**WORD_SHIFT + LO
-WORD_SHIFT = 32
 #: largest token count of one call's d_weight (|C| <= T * 2**47 < 2**63)
 MAX_TOKENS = (1 << 16) - 1
 
@@ -155,11 +155,6 @@ def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
 
 # --- backward ---------------------------------------------------------------------------------
 
-def _softmax_divide(p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """``q = RN32(p / L)``: one IEEE division."""
-    return p / total
-
-
 def _center(d: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """``e = RN32(d + mean)`` (= z/tau minus its expectation, shifted by m)."""
     return d + mean
@@ -168,11 +163,6 @@ def _center(d: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
 def _coef_a(q: torch.Tensor, e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """``a = RN32(q * e)``, 0 where p = 0."""
     return torch.where(p == 0, 0.0, q * e)
-
-
-def _grad_scale(grad: torch.Tensor, tau: torch.Tensor | None) -> torch.Tensor:
-    """``s = RN32(grad / fp32(tau))`` (tau = 1: grad itself)."""
-    return grad if tau is None else grad / tau
 
 
 def _coef_product(s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -189,50 +179,6 @@ def _coefficients(z: torch.Tensor, m0: torch.Tensor, finite: torch.Tensor, total
     a = _coef_a(q, _center(d, mean.unsqueeze(1)), p)
     c = _coef_product(s.unsqueeze(1), a)
     return torch.where(finite.unsqueeze(1), c, float("nan"))
-
-
-def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
-    """Exact int64 ``X @ Wt.T``: x rows on 28-bit grids ``ex``, w rows on 21-bit grids ``ew`` (K <= 2**16 - 1)."""
-    if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
-        return torch.zeros((x.shape[0], w.shape[0]), dtype=torch.int64, device=x.device)
-    if _linear._path(x.device) == "f64":  # linear's choice (the primitive trace takes the digits path)
-        return _product_f64(_grid_f64(x, ex, C_BITS), _grid_f64(w, ew, O_BITS))
-    return int_product(_digits_f32(x, ex, C_BITS, C_DIGITS), _digits_f32(w, ew, O_BITS, O_DIGITS))
-
-
-def _scale(ex: torch.Tensor, ew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ex + ew - 47, sentinel mask)`` per output element."""
-    bad_x, bad_w = ex == SENTINEL, ew == SENTINEL
-    ex0 = torch.where(bad_x, 0, ex)
-    ew0 = torch.where(bad_w, 0, ew)
-    return ex0.unsqueeze(1) + ew0.unsqueeze(0) - C_BITS - O_BITS, bad_x.unsqueeze(1) | bad_w.unsqueeze(0)
-
-
-def _finish_hidden(hi: torch.Tensor, lo: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
-    """``RN_dtype((HI 2**32 + LO) 2**(ex + ew - 47))`` in one rounding; NaN on sentinel rows/columns."""
-    k, bad = _scale(ex, ew)
-    y = int64_pair_to_float(hi, lo, WORD_SHIFT, k, dtype)
-    return canonical_nan(torch.where(bad, float("nan"), y))
-
-
-def _finish_weight(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
-    """``RN32(acc 2**(ex + ew - 47))`` in one rounding; NaN on sentinel rows/columns."""
-    k, bad = _scale(ex, ew)
-    y = int64_to_float(acc, k, torch.float32)
-    return canonical_nan(torch.where(bad, float("nan"), y))
-
-
-def _split(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An int64 partial as ``(C >> 32, C & (2**32 - 1))``: two words that add without loss."""
-    return part >> WORD_SHIFT, part & ((1 << WORD_SHIFT) - 1)
-
-
-def _column_exponents(colmax: torch.Tensor, colbad: torch.Tensor) -> torch.Tensor:
-    """Exponents of the rows of c.T from running maxima: ZERO_EXP for all-zero, SENTINEL for non-finite."""
-    e = exponent(colmax)
-    e = torch.where(colmax == 0, ZERO_EXP, e)
-    return torch.where(colbad, SENTINEL, e)
 
 
 def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0,

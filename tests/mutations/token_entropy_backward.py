@@ -17,12 +17,14 @@ from mutations._roundings import int64_to_float_ftz, int64_to_float_rounding, ti
 from mutations.token_entropy import _toward_zero_f32
 
 OP = "token_entropy_backward"
+# the digit products, grids and finishes are shared with token_logprobs_backward: their mutants patch it there
+TLB = "token_logprobs_backward"
 M = "token_entropy"
 _coefficients = original(M, "_coefficients")
 _exponents = original(M, "_exponents")
 _nan_max = original(M, "nan_max")
-_pair = original(M, "int64_pair_to_float")
-_grid_f64 = original(M, "_grid_f64")
+_pair = original(TLB, "int64_pair_to_float")
+_grid_f64 = original(TLB, "_grid_f64")
 
 
 def _reciprocal_divide(p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -65,13 +67,13 @@ def _half_away(t: torch.Tensor) -> torch.Tensor:
 
 def _exponent_plus_one(t: torch.Tensor) -> torch.Tensor:
     e = _exponents(t)
-    return torch.where((e != original(M, "SENTINEL")) & (e != original(M, "ZERO_EXP")), e + 1, e)
+    return torch.where((e != original(TLB, "SENTINEL")) & (e != original(TLB, "ZERO_EXP")), e + 1, e)
 
 
 def _no_nan_mask(ex: torch.Tensor, ew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ex0 = torch.where(ex == original(M, "SENTINEL"), torch.zeros_like(ex), ex)
-    ew0 = torch.where(ew == original(M, "SENTINEL"), torch.zeros_like(ew), ew)
-    k = ex0.unsqueeze(1) + ew0.unsqueeze(0) - original(M, "C_BITS") - original(M, "O_BITS")
+    ex0 = torch.where(ex == original(TLB, "SENTINEL"), torch.zeros_like(ex), ex)
+    ew0 = torch.where(ew == original(TLB, "SENTINEL"), torch.zeros_like(ew), ew)
+    k = ex0.unsqueeze(1) + ew0.unsqueeze(0) - original(TLB, "C_BITS") - original(TLB, "O_BITS")
     return k, torch.zeros(k.shape, dtype=torch.bool, device=k.device)
 
 
@@ -93,8 +95,8 @@ def _float_product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch
     """The grids multiplied and summed in fp32 (rounded partial sums), then back to integers."""
     if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
         return torch.zeros((x.shape[0], w.shape[0]), dtype=torch.int64, device=x.device)
-    xg = _grid_f64(x, ex, original(M, "C_BITS")).to(torch.float32)
-    wg = _grid_f64(w, ew, original(M, "O_BITS")).to(torch.float32)
+    xg = _grid_f64(x, ex, original(TLB, "C_BITS")).to(torch.float32)
+    wg = _grid_f64(w, ew, original(TLB, "O_BITS")).to(torch.float32)
     return torch.round((xg.flip(-1) @ wg.flip(-1).T).to(torch.float64)).to(torch.int64)
 
 
@@ -116,20 +118,20 @@ MUTATIONS = [
     mutation(OP, "coef_product", "c cast to bf16 (torch's grad_logits)", patch(M, "_coef_product", _product_to_bf16)),
     mutation(OP, "nonfinite_max", "rows with a non-finite max kept finite",
              patch(M, "_coefficients", _all_rows_finite)),
-    mutation(OP, "c_grid_bits", "C_BITS 27 -> 26", patch(M, "C_BITS", 26)),
-    mutation(OP, "operand_grid_bits", "O_BITS 20 -> 19", patch(M, "O_BITS", 19)),
+    mutation(OP, "c_grid_bits", "C_BITS 27 -> 26", patch(TLB, "C_BITS", 26)),
+    mutation(OP, "operand_grid_bits", "O_BITS 20 -> 19", patch(TLB, "O_BITS", 19)),
     mutation(OP, "grid_rounding", "ties to even -> ties away", patch("linear", "_round_grid", _half_away)),
     mutation(OP, "row_exponent", "expo + 1", patch(M, "_exponents", _exponent_plus_one)),
-    mutation(OP, "nonfinite_rows", "sentinel rows not NaN", patch(M, "_scale", _no_nan_mask)),
+    mutation(OP, "nonfinite_rows", "sentinel rows not NaN", patch(TLB, "_scale", _no_nan_mask)),
     mutation(OP, "vocab_sum", "chunk partials added in one int64 word", patch(M, "_split", _one_word)),
     mutation(OP, "hidden_rounding", "through fp32 first (double rounding)",
-             patch(M, "int64_pair_to_float", _pair_via_fp32)),
+             patch(TLB, "int64_pair_to_float", _pair_via_fp32)),
     mutation(OP, "weight_rounding", "to nearest -> toward zero",
-             patch(M, "int64_to_float", int64_to_float_rounding(toward_zero))),
+             patch(TLB, "int64_to_float", int64_to_float_rounding(toward_zero))),
     mutation(OP, "weight_rounding", "ties to even -> ties away",
-             patch(M, "int64_to_float", int64_to_float_rounding(ties_away))),
-    mutation(OP, "subnormal_results", "d_weight flushed to zero", patch(M, "int64_to_float", int64_to_float_ftz)),
-    mutation(OP, "subnormal_results", "d_hidden flushed to zero", patch(M, "int64_pair_to_float", _pair_ftz)),
+             patch(TLB, "int64_to_float", int64_to_float_rounding(ties_away))),
+    mutation(OP, "subnormal_results", "d_weight flushed to zero", patch(TLB, "int64_to_float", int64_to_float_ftz)),
+    mutation(OP, "subnormal_results", "d_hidden flushed to zero", patch(TLB, "int64_pair_to_float", _pair_ftz)),
     mutation(OP, ORDER_FLOAT_SUM, "products summed in fp32", patch(M, "_product", _float_product)),
     mutation(OP, ORDER_BATCH, "row max over the whole token chunk", patch(M, "nan_max", _batch_max)),
 ]
