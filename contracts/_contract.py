@@ -120,7 +120,8 @@ class BenchCase:
     taken against); ``flops`` and ``bytes`` are the declared work formulas for the roofline.
     ``sizes`` names the shape sets (:data:`BENCH_SIZES`) the case belongs to: ``("large",)``
     unless a contract says otherwise; a shape cheap enough for a CPU and still realistic
-    belongs to both.
+    belongs to both. ``graph`` marks a decode-step shape (one token per sequence), which the bench
+    also times replayed from a CUDA graph, as rollout engines run decode steps.
     """
 
     name: str
@@ -130,6 +131,7 @@ class BenchCase:
     bytes: float
     op: str | None = None
     sizes: tuple[str, ...] = ("large",)
+    graph: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.sizes if s not in BENCH_SIZES]

@@ -882,12 +882,14 @@ def _sdpa_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 def bench_cases() -> list[BenchCase]:
     """Attention in bf16 with head_dim 128 and 8 KV heads, paged decode (block 16) and causal prefill.
 
-    large: Qwen3-8B (32 q heads), decode at batch 8/64 and context 1024/4096/8192, prefill of 2048
+    large: Qwen3-8B (32 q heads), decode at batch 8/64 and context 1024/4096/8192, batch 256 at
+    context 4096 and batch 8 at context 32768, prefill of 2048
     and 8192 tokens. small: Qwen3-0.6B (16 q heads), decode at batch 1 (context 512) and 4
     (context 128), prefill of 64 tokens.
     """
     hkv, d, bs = 8, 128, 16
     decode = [("qwen3_8b", 32, "large", batch, ctx) for batch in (8, 64) for ctx in (1024, 4096, 8192)]
+    decode += [("qwen3_8b", 32, "large", 256, 4096), ("qwen3_8b", 32, "large", 8, 32768)]
     decode += [("qwen3_0.6b", 16, "small", 1, 512), ("qwen3_0.6b", 16, "small", 4, 128)]
     prefill = [("qwen3_8b", 32, "large", 2048), ("qwen3_8b", 32, "large", 8192), ("qwen3_0.6b", 16, "small", 64)]
     cases = []
@@ -913,6 +915,7 @@ def bench_cases() -> list[BenchCase]:
             bytes=2.0 * (2 * batch * ctx * hkv * d + 2 * batch * hq * d),  # read K, V, q; write out
             op="attention_paged",
             sizes=(size,),
+            graph=True,
         ))
     for model, hq, size, tokens in prefill:
 

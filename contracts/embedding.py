@@ -198,5 +198,5 @@ def bench_cases() -> list[BenchCase]:
                 return {"ids": integers(_seed("bench", "ids", n), (n,), 0, vocab).to(device), "weight": weight}
 
             cases.append(BenchCase(name=f"{model}_tokens{n}", make=make, native=_native, flops=0.0,
-                                   bytes=float(2 * n * hidden * 2 + 8 * n), sizes=(size,)))
+                                   bytes=float(2 * n * hidden * 2 + 8 * n), sizes=(size,), graph=n <= 64))
     return cases

@@ -772,5 +772,6 @@ def bench_cases() -> list[BenchCase]:
             return {"x": _bench_tensor("x", m, k, 1.0, device), "weight": _bench_tensor("w", n, k, 0.02, device)}
 
         cases.append(BenchCase(name=f"{model}_m{m}_k{k}_n{n}_bf16", make=make, native=_native,
-                               flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n), sizes=(size,)))
+                               flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n), sizes=(size,),
+                               graph=m <= 64))
     return cases

@@ -389,5 +389,6 @@ def bench_cases() -> list[BenchCase]:
             flops=4.0 * rows * hidden,  # square, sum, scale, gain per element
             bytes=2.0 * (2 * rows * hidden + hidden),  # read x and weight, write y (bf16)
             sizes=(size,),
+            graph=rows <= 64,
         ))
     return cases

@@ -564,5 +564,6 @@ def bench_cases() -> list[BenchCase]:
             flops=3.0 * elems,  # two products and one add per output element
             bytes=2.0 * 2 * elems + 8.0 * tokens + 2 * 4.0 * tokens * head_dim // 2,  # x, y, positions, table rows
             sizes=(size,),
+            graph=tokens <= 64,
         ))
     return cases

@@ -528,7 +528,8 @@ def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",)) -> Benc
                 "seed": torch.arange(b, dtype=torch.int64, device=device),
                 "position": torch.full((b,), 100, dtype=torch.int64, device=device)}
 
-    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes)
+    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes,
+                     graph=True)
 
 
 def bench_cases() -> list[BenchCase]:

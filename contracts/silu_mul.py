@@ -241,5 +241,6 @@ def bench_cases() -> list[BenchCase]:
             flops=5.0 * rows * width,  # negate, exp, add, divide, multiply (exp counted once)
             bytes=2.0 * 3 * rows * width,  # read gate and up, write y (bf16)
             sizes=(size,),
+            graph=rows <= 64,
         ))
     return cases

@@ -724,7 +724,8 @@ def _bench(t: int, h: int = _QWEN3_8B["hidden"], v: int = _QWEN3_8B["vocab"], na
         return {"hidden": hidden, "weight": weight, "targets": targets, "temperature": 1.0}
 
     return BenchCase(f"{name}_t{t}", make, _native, flops=2.0 * t * v * h,
-                     bytes=2.0 * v * h + 2.0 * t * h + 8.0 * t + 4.0 * t, sizes=(size,))
+                     bytes=2.0 * v * h + 2.0 * t * h + 8.0 * t + 4.0 * t, sizes=(size,),
+                     graph=t <= 64)
 
 
 def bench_cases(full: bool = False) -> list[BenchCase]:

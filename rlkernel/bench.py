@@ -7,7 +7,10 @@ module, the native baseline (``case.native(**inputs)``) and the rlkernel op
 ``triton.testing.do_bench`` medians; elsewhere ``time.perf_counter`` medians after a warm-up.
 Inputs smaller than 256 MB are built three times and rotated so that caches do not flatter small
 shapes. Throughput comes from the case's declared ``flops`` and ``bytes`` formulas;
-``ratio = native_ms / rlkernel_ms`` (the goals are in docs/design.md, "Performance"). An interrupt
+``ratio = native_ms / rlkernel_ms`` (the goals are in docs/design.md, "Performance"). Decode-step
+cases (``BenchCase.graph``) are also timed replayed from a CUDA graph on both sides, as rollout
+engines run decode steps (``graph_ratio``): eager times of small calls are bound by the host's
+launch and Python costs, graph replay by the kernels alone. An interrupt
 (Ctrl-C, or SIGTERM through the CLI) ends the run with a report of the rows measured so far,
 marked partial.
 """
@@ -82,6 +85,9 @@ class BenchRow:
     #: kernels that served the rlkernel side
     kernel: str | None = None
     input_sets: int = 1
+    #: both sides replayed from a CUDA graph (decode-step cases on CUDA; ``None`` when not timed)
+    native_graph: Timing | None = None
+    rlkernel_graph: Timing | None = None
 
     @property
     def failed(self) -> bool:
@@ -95,9 +101,19 @@ class BenchRow:
             return None
         return self.native.ms / self.rlkernel.ms
 
+    @property
+    def graph_ratio(self) -> float | None:
+        """``native_ms / rlkernel_ms`` of the CUDA-graph replays, where both were timed."""
+        if self.native_graph is None or self.rlkernel_graph is None:
+            return None
+        if self.native_graph.ms is None or not self.rlkernel_graph.ms:
+            return None
+        return self.native_graph.ms / self.rlkernel_graph.ms
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ratio"] = self.ratio
+        d["graph_ratio"] = self.graph_ratio
         return d
 
 
@@ -174,6 +190,44 @@ def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: to
     return timing
 
 
+def measure_graph(fn: Callable[..., Any], inputs: dict[str, Any], device: torch.device, repeat: int,
+                  flops: float, nbytes: float) -> Timing:
+    """Time ``fn(**inputs)`` captured once in a CUDA graph and replayed; errors are recorded, not raised.
+
+    The warm-up calls run on a side stream (compiling kernels and settling allocations, as
+    ``torch.cuda.graphs`` asks), then one call is captured and ``graph.replay()`` is timed like an
+    eager call. A capture that fails (an op that reads a device value on the host, or allocates in a
+    way graphs refuse) is recorded as the error.
+    """
+    timing = Timing()
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(**inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(**inputs)
+        timing.ms = time_ms(graph.replay, device, repeat)
+    except Exception as exc:  # recorded in the report; the bench goes on
+        timing.error = f"graph: {type(exc).__name__}: {exc}"
+        logger.info("bench: graph of %s failed: %s", getattr(fn, "__name__", fn), timing.error)
+        torch.cuda.synchronize(device)
+        return timing
+    seconds = timing.ms * 1e-3
+    if seconds > 0:
+        timing.tflops = flops / seconds / 1e12
+        timing.gbps = nbytes / seconds / 1e9
+    return timing
+
+
+#: Which cases the bench also times from CUDA graphs: ``auto`` the decode-step cases
+#: (``BenchCase.graph``), ``all`` every case, ``none`` none. Graphs are timed on CUDA only.
+GRAPH_MODES = ("auto", "all", "none")
+
+
 def plan(modules: dict[str, ModuleType], shapes: str) -> tuple[list[tuple[str, Any]], list[str]]:
     """The ``(op, case)`` pairs of shape set ``shapes``, and the modules that have none.
 
@@ -195,8 +249,11 @@ def plan(modules: dict[str, ModuleType], shapes: str) -> tuple[list[tuple[str, A
     return cases, without
 
 
-def bench_case(op: str, case: Any, device: torch.device, repeat: int) -> BenchRow:
-    """Time one bench case on both sides; errors are recorded in the row, not raised."""
+def bench_case(op: str, case: Any, device: torch.device, repeat: int, graph: str = "auto") -> BenchRow:
+    """Time one bench case on both sides; errors are recorded in the row, not raised.
+
+    ``graph`` (:data:`GRAPH_MODES`) says whether the case is also timed replayed from CUDA graphs.
+    """
     row = BenchRow(op=op, case=case.name, flops=float(case.flops), bytes=float(case.bytes))
     try:
         first = case.make(device)
@@ -215,6 +272,9 @@ def bench_case(op: str, case: Any, device: torch.device, repeat: int) -> BenchRo
         with trace() as calls:
             row.rlkernel = measure(fn, sets, device, repeat, row.flops, row.bytes)
         row.kernel = ", ".join(sorted({kernel for _, kernel in calls})) or None
+        if device.type == "cuda" and (graph == "all" or (graph == "auto" and getattr(case, "graph", False))):
+            row.native_graph = measure_graph(case.native, first, device, repeat, row.flops, row.bytes)
+            row.rlkernel_graph = measure_graph(fn, first, device, repeat, row.flops, row.bytes)
     del sets, first
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -223,7 +283,8 @@ def bench_case(op: str, case: Any, device: torch.device, repeat: int) -> BenchRo
 
 def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, shapes: str | None = None,
         command: list[str] | None = None, missing: list[str] | None = None,
-        on_row: Callable[[BenchRow], None] | None = None, progress: Progress | None = None) -> dict[str, Any]:
+        on_row: Callable[[BenchRow], None] | None = None, progress: Progress | None = None,
+        graph: str = "auto") -> dict[str, Any]:
     """Benchmark every module; returns the ``bench.json`` document.
 
     An interrupt (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as the CLI maps it) stops the run and
@@ -247,12 +308,17 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, sh
         Called with each row as soon as it is measured (an interrupt raised there also ends the run).
     progress : Progress, optional
         Receives ``start(total)``, ``update(row)`` and ``finish()``.
+    graph : {"auto", "all", "none"}
+        Which cases are also timed replayed from CUDA graphs (CUDA only): ``auto`` the decode-step
+        cases.
 
     Raises
     ------
     ValueError
-        ``shapes`` is not one of :data:`SHAPES`.
+        ``shapes`` is not one of :data:`SHAPES`, or ``graph`` not one of :data:`GRAPH_MODES`.
     """
+    if graph not in GRAPH_MODES:
+        raise ValueError(f"graph={graph!r}; expected one of {GRAPH_MODES} (auto: the decode-step cases)")
     shapes = default_shapes(device) if shapes is None else shapes
     cases, without = plan(modules, shapes)
     rows: list[BenchRow] = []
@@ -261,7 +327,7 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, sh
         progress.start(len(cases))
     try:
         for op, case in cases:
-            row = bench_case(op, case, device, repeat)
+            row = bench_case(op, case, device, repeat, graph)
             rows.append(row)
             if progress is not None:
                 progress.update(row)
@@ -282,6 +348,7 @@ def run(modules: dict[str, ModuleType], device: torch.device, repeat: int, *, sh
         "environment": describe(device),
         "repeat": repeat,
         "shapes": shapes,
+        "graph": graph,
         "partial": interrupted is not None,
         "interrupted": interrupted,
         "cases_planned": len(cases),
@@ -307,19 +374,23 @@ def markdown(doc: dict[str, Any]) -> str:
         "ratio = native ms / rlkernel ms",
         "",
         "| op | case | native ms | rlkernel ms | ratio | rlkernel TFLOP/s | rlkernel GB/s | native GB/s "
-        "| peak MiB (rlk/native) | kernel | error |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+        "| peak MiB (rlk/native) | graph native / rlkernel ms | graph ratio | kernel | error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |",
     ]
     for r in doc["rows"]:
         n, k = r["native"], r["rlkernel"]
+        ng, kg = r.get("native_graph"), r.get("rlkernel_graph")
+        graph_ms = f"{_fmt(ng['ms'], '.4f')} / {_fmt(kg['ms'], '.4f')}" if ng and kg else ""
         mem = ""
         if k["peak_mem_bytes"] is not None:
             mem = f"{k['peak_mem_bytes'] / 2**20:.1f}/{(n['peak_mem_bytes'] or 0) / 2**20:.1f}"
-        err = "; ".join(f"{side}: {e}" for side, e in (("native", n["error"]), ("rlkernel", k["error"])) if e)
+        sides = [("native", n), ("rlkernel", k), ("native", ng or {}), ("rlkernel", kg or {})]
+        err = "; ".join(f"{side}: {t['error']}" for side, t in sides if t.get("error"))
         lines.append(
             f"| {r['op']} | {r['case']} | {_fmt(n['ms'], '.4f')} | {_fmt(k['ms'], '.4f')} | {_fmt(r['ratio'], '.3f')} "
             f"| {_fmt(k['tflops'], '.2f')} | {_fmt(k['gbps'], '.1f')} | {_fmt(n['gbps'], '.1f')} | {mem} "
-            f"| {r['kernel'] or ''} | {err.replace('|', '/')[:200]} |"
+            f"| {graph_ms} | {_fmt(r.get('graph_ratio'), '.3f')} | {r['kernel'] or ''} "
+            f"| {err.replace('|', '/')[:200]} |"
         )
     no_cases = f"no {doc['shapes']} bench cases" if doc.get("shapes") else "no bench cases"
     for key, label in (("no_bench_cases", no_cases), ("missing_contracts", "contract not present")):

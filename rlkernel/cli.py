@@ -203,7 +203,10 @@ def cmd_static(args: argparse.Namespace) -> int:
 def _bench_result(row: Any) -> str:
     """One bench row in a few words: the ratio, or the errors."""
     ratio = "" if row.ratio is None else f"ratio {row.ratio:.3f}"
-    errors = "; ".join(e for e in (row.native.error, row.rlkernel.error) if e)
+    if row.graph_ratio is not None:
+        ratio += f", graph {row.graph_ratio:.3f}"
+    timings = [row.native, row.rlkernel, row.native_graph, row.rlkernel_graph]
+    errors = "; ".join(t.error for t in timings if t is not None and t.error)
     return f"{ratio} {errors}".strip()
 
 
@@ -244,7 +247,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
           file=sys.stderr)
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     doc = bench.run(modules, device, args.repeat, shapes=shapes, command=["rlkernel", *sys.argv[1:]],
-                    missing=missing, on_row=save, progress=StreamProgress(sys.stderr, describe=_bench_result))
+                    missing=missing, on_row=save, progress=StreamProgress(sys.stderr, describe=_bench_result),
+                    graph=args.graph)
     paths = bench.write(doc, out)
     print(bench.markdown(doc), end="")
     errors = sum(1 for r in doc["rows"] if r["rlkernel"]["error"] or r["native"]["error"])
@@ -455,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shapes", choices=("small", "large"),
                        help="shape set: small (a whole CPU run in minutes) or large (the Qwen3-8B shapes of the "
                        "H200 reports); default: small on cpu, large on an accelerator")
+    bench.add_argument("--graph", choices=("auto", "all", "none"), default="auto",
+                       help="also time cases replayed from CUDA graphs (CUDA only): auto = the decode-step "
+                            "cases (default: %(default)s)")
     bench.set_defaults(func=cmd_bench)
 
     val = sub.add_parser("validate", help="rollout vs trainer log-probs, bit for bit, next to transformers",
