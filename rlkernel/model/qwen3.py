@@ -34,6 +34,7 @@ from rlkernel.nn import (
     SiluAndMul,
     VocabParallelEmbedding,
 )
+from rlkernel.nn.opset import EXACT, OpSet, OpsUser
 from rlkernel.nn.parallel import divide, tp_rank_size
 
 __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM", "Qwen3MLP", "Qwen3Model", "residual_add"]
@@ -137,7 +138,7 @@ class Qwen3Model(nn.Module):
         return self.norm(hidden)
 
 
-class Qwen3ForCausalLM(nn.Module):
+class Qwen3ForCausalLM(OpsUser, nn.Module):
     """Qwen3 dense causal LM over the exact ops: hidden states, log-probs and sampling logits.
 
     Parameters
@@ -149,6 +150,11 @@ class Qwen3ForCausalLM(nn.Module):
     dtype : torch.dtype
         bfloat16 (default) or float16 (the exact matmul's operand types).
     device : torch.device or str, optional
+    ops : OpSet
+        The functions every layer calls (:data:`~rlkernel.nn.opset.EXACT`, ``rlkernel.ops``, by
+        default). Another set is for measurement only: the rollout engine's native baseline builds
+        one with :meth:`with_ops` (``LLM(model, ops="native")``); a model whose set is not bitwise
+        is refused by the trainer.
 
     Usage
     -----
@@ -180,16 +186,44 @@ class Qwen3ForCausalLM(nn.Module):
     }
 
     def __init__(self, config: Qwen3Config, group: object = None, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, ops: OpSet = EXACT) -> None:
         super().__init__()
+        if not isinstance(ops, OpSet):
+            raise TypeError(f"Qwen3ForCausalLM: ops is a {type(ops).__name__}; expected an rlkernel.nn.opset.OpSet "
+                            f"(EXACT, the default; rlkernel.rollout.native_ops.NATIVE for the rollout baseline)")
         self.config, self.group, self.dtype = config, group, dtype
         self.tp_rank, self.tp_size = tp_rank_size(group)
+        if not ops.bitwise and self.tp_size > 1:
+            raise ValueError(f"Qwen3ForCausalLM: the {ops.name!r} op set is a one-device baseline; tensor "
+                             f"parallelism (tp_size = {self.tp_size}) runs the exact ops only")
         #: KV heads on this rank (the KV cache's head axis).
         self.num_kv_heads = divide(config.num_key_value_heads, self.tp_size, "num_key_value_heads")
         self.model = Qwen3Model(config, group, dtype, device)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, group, dtype, device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        for module in self.modules():
+            if isinstance(module, OpsUser):
+                module.ops = ops
+
+    def with_ops(self, ops: OpSet) -> Qwen3ForCausalLM:
+        """This model's weights (shared, not copied) behind another op set: a second model object.
+
+        Parameters
+        ----------
+        ops : OpSet
+            E.g. :data:`rlkernel.rollout.native_ops.NATIVE`, torch's own ops: the rollout engine's
+            baseline (``LLM(model, ops="native")``) builds its model this way.
+
+        Returns
+        -------
+        Qwen3ForCausalLM, built on the meta device and given this model's parameter tensors
+        (``load_state_dict(assign=True)``): no weight memory is added, and the two models read the
+        same values. One device only (``tp_size == 1``).
+        """
+        twin = Qwen3ForCausalLM(self.config, self.group, self.dtype, device="meta", ops=ops)
+        twin.load_state_dict(self.state_dict(), assign=True)
+        return twin.train(self.training)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, group: object = None, dtype: torch.dtype = torch.bfloat16,

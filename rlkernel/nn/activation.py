@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlkernel.ops import silu_mul
+from rlkernel.nn.opset import OpsUser
 
 __all__ = ["SiluAndMul"]
 
 
-class SiluAndMul(nn.Module):
+class SiluAndMul(OpsUser, nn.Module):
     """``silu(x[..., :I]) * x[..., I:]`` for a fused gate/up projection output.
 
     Forward: x ``[*, 2I]`` (bfloat16/float16/float32; the output of a
@@ -24,4 +24,4 @@ class SiluAndMul(nn.Module):
             raise ValueError(f"SiluAndMul: x has shape {tuple(x.shape)}; expected an even last axis [*, 2I] "
                              f"(gate and up halves of a fused projection)")
         half = x.shape[-1] // 2
-        return silu_mul(x[..., :half], x[..., half:])
+        return self.ops.silu_mul(x[..., :half], x[..., half:])

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from rlkernel.nn.metadata import AttentionMetadata
-from rlkernel.ops import attention, attention_paged
+from rlkernel.nn.opset import OpsUser
 
 __all__ = ["Attention", "write_kv"]
 
@@ -33,7 +33,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, hkv, d).index_copy_(0, slots, v)
 
 
-class Attention(nn.Module):
+class Attention(OpsUser, nn.Module):
     """``softmax(q k^T * scale + causal mask) v`` per sequence, the same bits in every batch mode.
 
     Parameters
@@ -75,10 +75,10 @@ class Attention(nn.Module):
             write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         if meta.block_tables is None:
             cu = meta.cu_seqlens_q
-            return attention(q, k, v, cu, cu, scale=self.scale, causal=True)
+            return self.ops.attention(q, k, v, cu, cu, scale=self.scale, causal=True)
         if kv_cache is None or meta.context_lens is None:
             raise ValueError("Attention: paged mode (meta.block_tables set) needs kv_cache and meta.context_lens")
-        return attention_paged(q, kv_cache[0], kv_cache[1], meta.block_tables, meta.context_lens,
+        return self.ops.attention_paged(q, kv_cache[0], kv_cache[1], meta.block_tables, meta.context_lens,
                                meta.cu_seqlens_q, scale=self.scale, causal=True)
 
     def extra_repr(self) -> str:

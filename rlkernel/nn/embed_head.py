@@ -8,13 +8,12 @@ from torch import nn
 from rlkernel import grads
 from rlkernel.distributed import all_reduce_exact
 from rlkernel.nn.linear import ShardId, frozen
+from rlkernel.nn.opset import OpsUser
 from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
 from rlkernel.ops import (
     embedding,
     exact_sum_partial,
-    linear,
     token_entropy,
-    token_logprobs,
     token_logprobs_backward_finish,
     token_logprobs_backward_partial,
     token_logprobs_finish,
@@ -24,7 +23,7 @@ from rlkernel.ops import (
 __all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(OpsUser, nn.Module):
     """Token embedding with the vocabulary sharded over the tensor-parallel ranks.
 
     Parameters
@@ -75,7 +74,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return embedding(ids, self.weight)
+            return self.ops.embedding(ids, self.weight)
         if ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.num_embeddings:
@@ -138,7 +137,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         vocabulary.
         """
         if self.tp_size == 1:
-            return token_logprobs(hidden, self.weight, targets, temperature)
+            return self.ops.token_logprobs(hidden, self.weight, targets, temperature)
         if torch.is_grad_enabled() and (hidden.requires_grad or self.weight.requires_grad):
             out: torch.Tensor = _ShardedLogprobs.apply(hidden, self.weight, targets, temperature, self.vocab_start,
                                                        self.group)
@@ -194,7 +193,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         ``rlkernel.ops.linear`` with fp32 output per vocabulary shard (the P5 logits that
         ``token_logprobs`` also uses), gathered over the ranks by copies.
         """
-        return gather_cat(linear(hidden, self.weight, out_dtype=torch.float32), -1, self.group)
+        return gather_cat(self.ops.linear(hidden, self.weight, out_dtype=torch.float32), -1, self.group)
 
 
 def _sharded_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,

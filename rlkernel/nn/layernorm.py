@@ -6,12 +6,12 @@ import torch
 from torch import nn
 
 from rlkernel.nn.linear import frozen, gather_replicated, load_replicated
-from rlkernel.ops import rms_norm
+from rlkernel.nn.opset import OpsUser
 
 __all__ = ["RMSNorm"]
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(OpsUser, nn.Module):
     """``y = weight * (x / sqrt(mean(x**2) + eps))`` over the last axis, the same bits everywhere.
 
     Parameters
@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
         self.weight.shard_ids = (None,)  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from rlkernel.distributed import column_parallel_linear, row_parallel_linear
+from rlkernel.nn.opset import OpsUser
 from rlkernel.nn.parallel import divide, gather_cat, tp_rank_size
-from rlkernel.ops import linear
 
 __all__ = ["ColumnParallelLinear", "Linear", "MergedColumnParallelLinear", "QKVParallelLinear",
            "RowParallelLinear"]
@@ -68,7 +68,7 @@ def gather_replicated(param: nn.Parameter) -> dict[ShardId, torch.Tensor]:
     return {None: param.data}
 
 
-class LinearBase(nn.Module):
+class LinearBase(OpsUser, nn.Module):
     """Weight ``[out_local, in_local]`` and optional bias, with the TP facts of ``group``.
 
     Parameters
@@ -149,7 +149,7 @@ class Linear(LinearBase):
         super().__init__(input_size, output_size, bias, None, None, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.ops.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -164,7 +164,9 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, 0, group, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel_linear(x, self.weight, self.bias, group=self.group if self.tp_size > 1 else None)
+        if self.tp_size == 1:
+            return self.ops.linear(x, self.weight, self.bias)
+        return column_parallel_linear(x, self.weight, self.bias, group=self.group)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -295,5 +297,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias)
+            return self.ops.linear(x, self.weight, self.bias)
         return row_parallel_linear(x, self.weight, self.bias, group=self.group)

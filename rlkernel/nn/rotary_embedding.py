@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlkernel.ops import rope
+from rlkernel.nn.opset import OpsUser
 
 __all__ = ["RotaryEmbedding"]
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(OpsUser, nn.Module):
     """NeoX/Hugging Face rotate-half RoPE with correctly rounded fp32 tables (contract ``rope``).
 
     Parameters
@@ -32,7 +32,7 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.theta, self.max_position = head_dim, float(theta), max_position
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope(q, positions, self.theta), rope(k, positions, self.theta)
+        return self.ops.rope(q, positions, self.theta), self.ops.rope(k, positions, self.theta)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}, max_position={self.max_position}"

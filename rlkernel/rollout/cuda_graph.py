@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from rlkernel.model import AttentionMetadata, KVCache, Qwen3ForCausalLM
-from rlkernel.ops import rope
 
 __all__ = ["DecodeGraphs", "graph_batch_sizes"]
 
@@ -102,7 +101,7 @@ class DecodeGraphs:
         c = self.model.config
         # the RoPE tables must cover every position before capture (a capture cannot grow them)
         probe = torch.zeros(1, 1, c.head_dim, dtype=self.model.dtype, device=self.hidden.device)
-        rope(probe, torch.tensor([max_model_len - 1], device=self.hidden.device), c.rope_theta)
+        self.model.ops.rope(probe, torch.tensor([max_model_len - 1], device=self.hidden.device), c.rope_theta)
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
             self._forward(size)  # warm-up (Triton compiles and autotunes outside the capture)

@@ -16,6 +16,7 @@ import torch
 from rlkernel.model import Qwen3ForCausalLM
 from rlkernel.rollout.block_manager import BlockManager
 from rlkernel.rollout.model_runner import ModelRunner
+from rlkernel.rollout.native_ops import NATIVE
 from rlkernel.rollout.sampling_params import SamplingParams, sample_seed
 from rlkernel.rollout.scheduler import Scheduler
 from rlkernel.rollout.sequence import RolloutOutput, Sequence
@@ -74,6 +75,15 @@ class LLM:
     seed : int
         Seeds the engine's generator, which draws the seed of every request whose
         ``SamplingParams.seed`` is None (in the order the requests are added).
+    ops : "rlkernel" or "native"
+        ``"rlkernel"`` (default): the exact ops; everything below under *Bitwise semantics*
+        holds. ``"native"``: a performance baseline, NOT bitwise: the same scheduler, block
+        manager, KV cache layout and CUDA graphs over torch's own ops
+        (:mod:`rlkernel.rollout.native_ops`: cuBLAS bf16 matmuls, SDPA, torch sampling that
+        ignores the per-sample seeds), on this model's weights (shared, not copied;
+        :meth:`~rlkernel.model.qwen3.Qwen3ForCausalLM.with_ops`). One device only. It exists to
+        measure what the exact ops cost end to end (``tools/e2e_bench.py``); it is never chosen
+        for you, and the trainer refuses it.
 
     Attributes
     ----------
@@ -95,9 +105,25 @@ class LLM:
 
     def __init__(self, model: Qwen3ForCausalLM, *, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 enforce_eager: bool = False, kv_cache_memory: int | None = None, seed: int = 0) -> None:
+                 enforce_eager: bool = False, kv_cache_memory: int | None = None, seed: int = 0,
+                 ops: Literal["rlkernel", "native"] = "rlkernel") -> None:
         if not isinstance(model, Qwen3ForCausalLM):
             raise TypeError(f"LLM: model is a {type(model).__name__}; expected a rlkernel.model.Qwen3ForCausalLM")
+        if not model.ops.bitwise:
+            raise ValueError(f"LLM: the model runs the {model.ops.name!r} op set; pass the model built with the "
+                             f"exact ops and choose the baseline with LLM(model, ops='native')")
+        if ops == "native":
+            if model.tp_size > 1:
+                raise ValueError(f"LLM: ops='native' is a one-device baseline; this model is tensor-parallel "
+                                 f"(tp_size = {model.tp_size})")
+            model = model.with_ops(NATIVE)
+            logger.warning("rollout engine: ops='native' (torch's own ops): a performance baseline, NOT bitwise; "
+                           "its tokens and log-probs are not the trainer's bits")
+        elif ops != "rlkernel":
+            raise ValueError(f"LLM: ops = {ops!r}; expected 'rlkernel' (the exact ops, default) or 'native' (torch's "
+                             f"own ops: a performance baseline, not bitwise)")
+        #: The op set the engine runs (``"rlkernel"`` or ``"native"``) and whether its results are bitwise.
+        self.ops, self.bitwise = ops, model.ops.bitwise
         self.model = model
         self.block_size = _positive_int("block_size", block_size)
         self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
@@ -119,9 +145,9 @@ class LLM:
         self.stats: dict[str, float] = dict.fromkeys(
             ("prefill_tokens", "prefill_seconds", "decode_tokens", "decode_seconds", "generated_tokens", "steps",
              "preemptions"), 0)
-        logger.info("rollout engine: %d KV blocks of %d tokens, max_num_seqs %d, max_num_batched_tokens %d, "
-                    "max_model_len %d, CUDA graphs %s", self.num_blocks, self.block_size, self.max_num_seqs,
-                    self.max_num_batched_tokens, self.max_model_len,
+        logger.info("rollout engine: ops %s, %d KV blocks of %d tokens, max_num_seqs %d, max_num_batched_tokens "
+                    "%d, max_model_len %d, CUDA graphs %s", self.ops, self.num_blocks, self.block_size,
+                    self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
                     "on" if self.model_runner.graphs is not None else "off")
 
     # ------------------------------------------------------------------ setup

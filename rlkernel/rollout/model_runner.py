@@ -4,7 +4,8 @@ The runner owns the paged KV cache. Each step it packs the scheduled sequences' 
 builds the :class:`~rlkernel.nn.metadata.AttentionMetadata` (packed attention when the step is
 made of whole fresh prompts, paged otherwise), runs the model, and for every sequence whose
 last fed token is its last token it draws the next one with ``rlkernel.ops.sample`` and scores
-it with ``model.logprobs``. Decode steps on CUDA replay captured CUDA graphs
+it with ``model.logprobs`` (through the model's op set: ``rlkernel.ops``, or torch's
+own for the native baseline). Decode steps on CUDA replay captured CUDA graphs
 (:mod:`rlkernel.rollout.cuda_graph`) unless the engine was built with ``enforce_eager``.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from rlkernel.model import AttentionMetadata, Qwen3ForCausalLM
-from rlkernel.ops import sample
 from rlkernel.rollout.cuda_graph import DecodeGraphs
 from rlkernel.rollout.sequence import Sequence
 
@@ -126,4 +126,4 @@ class ModelRunner:
         top_p = torch.tensor([float(s.params.top_p) for s in seqs], dtype=torch.float32, device=device)
         seed = torch.tensor([_int64(s.seed) for s in seqs], dtype=torch.int64, device=device)
         position = torch.tensor([len(s) for s in seqs], dtype=torch.int64, device=device)
-        return sample(logits, temperature, top_k, top_p, seed, position)
+        return self.model.ops.sample(logits, temperature, top_k, top_p, seed, position)

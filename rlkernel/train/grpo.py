@@ -209,6 +209,11 @@ class GRPOTrainer:
                  ref_model: Qwen3ForCausalLM | None = None, llm: LLM | None = None) -> None:
         if config.kl_coef > 0 and ref_model is None:
             raise ValueError("GRPOTrainer: kl_coef > 0 needs a ref_model (a frozen copy of the initial policy)")
+        for name, m in (("model", model), ("ref_model", ref_model), ("llm.model", llm.model if llm else None)):
+            if m is not None and not m.ops.bitwise:
+                raise ValueError(f"GRPOTrainer: {name} runs the {m.ops.name!r} op set, a performance baseline that "
+                                 f"is not bitwise; train the model built with the exact ops (the default) and its "
+                                 f"LLM(model) engine")
         self.model, self.task, self.config, self.ref_model = model, task, config, ref_model
         self.device = next(model.parameters()).device
         seqs = config.prompts_per_step * config.group_size
