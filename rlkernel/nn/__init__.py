@@ -2,7 +2,9 @@
 
 One file per layer, as in nano-vllm's ``layers/``: each module holds its parameters and calls
 ``rlkernel.ops`` (dispatched by the tensors' device) or ``rlkernel.distributed``; nothing on
-the forward path uses a torch matmul, softmax or norm. Parameters carry a ``weight_loader``
+the forward path uses a torch matmul, softmax or norm. The ops are reached through ``self.ops``,
+an :class:`~rlkernel.nn.opset.OpSet`: ``rlkernel.ops`` always, except in the model twin of the
+rollout engine's measurement baseline (``LLM(model, ops="native")``, not bitwise). Parameters carry a ``weight_loader``
 (and a ``weight_gatherer`` for saving) so Hugging Face checkpoints load shard by shard.
 
 =====================================  ============================================================
@@ -18,6 +20,7 @@ module                                 contents
 :mod:`rlkernel.nn.metadata`            AttentionMetadata: the batch description of one forward
 :mod:`rlkernel.nn.kv_cache`            KVCache: per-layer paged K/V tensors
 :mod:`rlkernel.nn.parallel`            TP group facts and exact float-carrying collectives
+:mod:`rlkernel.nn.opset`               OpSet: the functions the layers call (EXACT = rlkernel.ops)
 =====================================  ============================================================
 """
 
