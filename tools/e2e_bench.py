@@ -32,6 +32,7 @@ Writes ``e2e.json`` and ``e2e.md`` to ``--out``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -95,7 +96,10 @@ def rollout_side(model: Any, ops: str, prompts: list[list[int]], new_tokens: int
     seconds = time.perf_counter() - t0
     stats = {k: llm.stats[k] - before[k] for k in llm.stats}
     tokens = sum(len(o.token_ids) for o in outs)
-    del llm, outs
+    captured = graphs is not None
+    replayed = graphs.replays - replays if graphs is not None else 0
+    del llm, outs, graphs
+    gc.collect()  # the engine's KV cache and graph pools go before the next side allocates its own
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
@@ -104,7 +108,7 @@ def rollout_side(model: Any, ops: str, prompts: list[list[int]], new_tokens: int
         "prefill_tokens_per_s": stats["prefill_tokens"] / stats["prefill_seconds"] if stats["prefill_seconds"]
         else None,
         "steps": int(stats["steps"]), "preemptions": int(stats["preemptions"]),
-        "cuda_graphs": graphs is not None, "graph_replays": (graphs.replays - replays) if graphs is not None else 0,
+        "cuda_graphs": captured, "graph_replays": replayed,
     }
 
 
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rollout["ratio"] = rollout["rlkernel"]["tokens_per_s"] / rollout["native"]["tokens_per_s"]
     result["rollout"] = rollout
     del model
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if not args.skip_train:
