@@ -517,25 +517,47 @@ def _native(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, seed
     return torch.multinomial(probs, 1).view(-1)
 
 
-def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",)) -> BenchCase:
+def _native_filtered(logits: torch.Tensor, temperature: Any, top_k: Any, top_p: Any, seed: torch.Tensor,
+                     position: torch.Tensor) -> torch.Tensor:
+    """The plain PyTorch baseline with per-row top-k and top-p, as vLLM's torch sampler does it: one
+    ascending sort of the row, the k-th largest as a threshold, the top-p cut on the cumulative
+    softmax of the sorted row, then multinomial (every step on the device, graph-capturable)."""
+    z = logits.float() / temperature.unsqueeze(-1)
+    z_sorted, order = z.sort(dim=-1, descending=False)
+    v = z.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=v), torch.full_like(top_k, v))
+    kth = z_sorted.gather(-1, (v - k).unsqueeze(-1))
+    z_sorted = z_sorted.masked_fill(z_sorted < kth, float("-inf"))
+    cum = z_sorted.softmax(dim=-1).cumsum(dim=-1)
+    cut = cum <= (1 - top_p).unsqueeze(-1)
+    cut[:, -1] = False  # the most likely token always stays
+    z_sorted = z_sorted.masked_fill(cut, float("-inf"))
+    probs = torch.empty_like(z_sorted).scatter_(-1, order, z_sorted.softmax(dim=-1))
+    return torch.multinomial(probs, 1).view(-1)
+
+
+def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",), k: int = 0, p: float = 1.0) -> BenchCase:
     def make(device: torch.device) -> dict[str, Any]:
         # Timing inputs only: torch's RNG on the device is fine here.
         g = torch.Generator(device=device).manual_seed(b)
         return {"logits": torch.randn((b, v), generator=g, device=device) * 3.0,
                 "temperature": torch.full((b,), 0.8, device=device),
-                "top_k": torch.zeros(b, dtype=torch.int64, device=device),
-                "top_p": torch.ones(b, device=device),
+                "top_k": torch.full((b,), k, dtype=torch.int64, device=device),
+                "top_p": torch.full((b,), p, device=device),
                 "seed": torch.arange(b, dtype=torch.int64, device=device),
                 "position": torch.full((b,), 100, dtype=torch.int64, device=device)}
 
-    return BenchCase(f"qwen3_vocab_b{b}", make, _native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes,
-                     graph=True)
+    name = f"qwen3_vocab_b{b}" + (f"_topk{k}" if k else "") + (f"_topp{p:g}" if p < 1 else "")
+    native = _native_filtered if k or p < 1 else _native
+    return BenchCase(name, make, native, flops=0.0, bytes=4.0 * b * v + 8.0 * b, sizes=sizes, graph=True)
 
 
 def bench_cases() -> list[BenchCase]:
     """B = 1, 64, 256 (large), B = 1, 4 (small) at the Qwen3 vocabulary (151936), fp32 logits,
-    temperature 0.8.
+    temperature 0.8; and with top-k 50 and top-p 0.9 at B = 64 (large) and 4 (small), against
+    vLLM's torch sampler (sort, threshold, cumulative softmax, multinomial).
 
     bytes = logits (fp32) + output (int64); flops = 0 (memory- and RNG-bound).
     """
-    return [_bench(1, sizes=("small", "large")), _bench(64), _bench(256), _bench(4, sizes=("small",))]
+    return [_bench(1, sizes=("small", "large")), _bench(64), _bench(256), _bench(4, sizes=("small",)),
+            _bench(64, k=50, p=0.9), _bench(4, sizes=("small",), k=50, p=0.9)]

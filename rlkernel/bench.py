@@ -214,13 +214,35 @@ def measure_graph(fn: Callable[..., Any], inputs: dict[str, Any], device: torch.
     except Exception as exc:  # recorded in the report; the bench goes on
         timing.error = f"graph: {type(exc).__name__}: {exc}"
         logger.info("bench: graph of %s failed: %s", getattr(fn, "__name__", fn), timing.error)
-        torch.cuda.synchronize(device)
+        _settle_after_failed_capture(device)
         return timing
     seconds = timing.ms * 1e-3
     if seconds > 0:
         timing.tflops = flops / seconds / 1e12
         timing.gbps = nbytes / seconds / 1e9
     return timing
+
+
+def _settle_after_failed_capture(device: torch.device) -> None:
+    """Leave CUDA as a failed capture found it not: one trivial capture that succeeds.
+
+    A capture that raises midway never runs the epilogue of the generators it registered, so the
+    default CUDA generator stays "capturing" and every later random op on the device (the next
+    case's native ``torch.multinomial``) fails with "Offset increment outside graph capture"
+    (seen on the H200). A successful capture runs the prologue and epilogue again and resets it.
+    """
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # a capture error surfaces here at the latest; it is already recorded
+        logger.info("bench: after a failed capture: %s", exc)
+    try:
+        scratch = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            scratch.add_(1)
+        torch.cuda.synchronize(device)
+    except Exception as exc:
+        logger.warning("bench: CUDA graphs did not recover after a failed capture: %s", exc)
 
 
 #: Which cases the bench also times from CUDA graphs: ``auto`` the decode-step cases

@@ -139,9 +139,11 @@ def test_large_shapes_are_the_ones_of_the_committed_h200_report() -> None:
     measured = {op for op, *_ in expected}
     cases, without = bench.plan(load_contracts()[0], "large")
     assert without == []
-    #: cases added later to cover the performance issue's goal ranges (decode at batch 256 / context 32k)
+    #: cases added later to cover the performance issue's goal ranges (decode at batch 256 / context 32k,
+    #: sampling with top-k and top-p)
     added = {("attention_paged", "qwen3_8b_decode_B256_ctx4096_bs16_bf16"),
-             ("attention_paged", "qwen3_8b_decode_B8_ctx32768_bs16_bf16")}
+             ("attention_paged", "qwen3_8b_decode_B8_ctx32768_bs16_bf16"),
+             ("sample", "qwen3_vocab_b64_topk50_topp0.9")}
     assert {(op, c.name, float(c.flops), float(c.bytes)) for op, c in cases
             if op in measured and (op, c.name) not in added} == expected
     assert added <= {(op, c.name) for op, c in cases}

@@ -114,3 +114,27 @@ def test_linear_decode_captures_in_cuda_graphs() -> None:
     x = torch.randn(1, 4096, generator=g, device="cuda").to(torch.bfloat16)
     _assert_bitwise(L.linear(x, w, target=CUDA), _graph_replay(lambda: L.linear(x, w, target=CUDA)),
                     "linear M=1 graph replay")
+
+
+def _decode_cases() -> list[tuple[str, object]]:
+    from rlkernel.bench import plan
+    from rlkernel.contracts import load_contracts
+
+    cases, _ = plan(load_contracts()[0], "small")
+    return [(op, case) for op, case in cases if getattr(case, "graph", False)]
+
+
+@pytest.mark.parametrize("op,case", _decode_cases(), ids=lambda c: getattr(c, "name", str(c)))
+def test_decode_step_ops_capture_in_cuda_graphs(op: str, case: object) -> None:
+    """Every decode-step bench case (``BenchCase.graph``: the ops a rollout engine runs per decode
+    step) through the public op captures in a CUDA graph (no host reads of device values, no
+    syncs) and the replay gives eager's bits."""
+    from rlkernel.public import public_op
+
+    inputs = case.make(torch.device("cuda"))  # type: ignore[attr-defined]
+    fn = public_op(op)
+    eager = fn(**inputs)
+    replayed = _graph_replay(lambda: fn(**inputs))
+    pairs = zip(eager, replayed) if isinstance(eager, tuple) else [(eager, replayed)]
+    for i, (e, r) in enumerate(pairs):
+        _assert_bitwise(e, r, f"{op} {case.name} output {i} graph replay")  # type: ignore[attr-defined]

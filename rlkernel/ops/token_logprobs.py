@@ -82,7 +82,7 @@ def _operands(op: str, hidden: object, weight: object, targets: object, weight_n
 
 
 def _targets_in(op: str, targets: torch.Tensor, low: int, high: int, what: str) -> None:
-    if targets.numel() == 0:
+    if targets.numel() == 0 or v.capturing(targets.device):  # a CUDA-graph capture cannot read them on the host
         return
     lo, hi = int(targets.min()), int(targets.max())
     if lo < low or hi >= high:
