@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import intpath
+
 _NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
 
@@ -173,6 +175,10 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     -------
     Tensor, float32, same shape
     """
+    if intpath.int32(x.device):  # the same bits from int32 operations (sqrt32.py)
+        from .sqrt32 import sqrt_rn as sqrt_rn_int32
+
+        return sqrt_rn_int32(x)
     x = x.to(torch.float32)
     b = bits_of(x)
     biased = (b >> 23) & 0xFF
