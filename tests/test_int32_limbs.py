@@ -90,6 +90,35 @@ def test_sqrt_matches_int64() -> None:
         assert bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
 
 
+def test_int64_to_f32_and_counts_match_int64() -> None:
+    g = torch.Generator().manual_seed(2)
+    s = torch.cat([torch.randint(-(2**62), 2**62, (20000,), generator=g),
+                   torch.tensor([0, 1, -1, 2**24 + 1, 2**24 + 3, -(2**25) - 2, 2**62 - 1, -(2**62)])])
+    mask = torch.rand(7, 33, generator=g) < 0.5
+    c = torch.randint(-(2**50), 2**50, (6, 5), generator=g)
+    expected = [fp32.int64_to_f32(s).view(torch.int32), mask.sum(), mask.sum(1), mask.sum(1, keepdim=True), c.sum(),
+                c.sum(0), c.sum(-1, keepdim=True)]
+    with intpath.use_width("int32"):
+        got = [fp32.int64_to_f32(s).view(torch.int32), fp32.int_sum(mask), fp32.int_sum(mask, 1),
+               fp32.int_sum(mask, 1, True), fp32.int_sum(c), fp32.int_sum(c, 0), fp32.int_sum(c, -1, True)]
+    for a, b in zip(got, expected):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("world", [1, 2, 9000])
+def test_all_reduce_matches_int64(world: int) -> None:
+    from rlkernel.backends.generic import all_reduce
+
+    g = torch.Generator().manual_seed(world)
+    p = torch.randint(-(2**63), 2**63 - 1, (world, 200), generator=g) >> torch.randint(0, 20, (1, 200), generator=g)
+    over = all_reduce.overflow_mask(p)
+    assert bool(over.any()) or world == 1
+    with intpath.use_width("int32"):
+        assert torch.equal(all_reduce.overflow_mask(p), over)
+        assert torch.equal(all_reduce.all_reduce(p[:, ~over]), p[:, ~over].sum(dim=0))
+        assert torch.equal(all_reduce.all_reduce(p, "max"), p.amax(dim=0))
+
+
 def test_switch_routes_the_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(superacc32, "accumulate", lambda t, dim=-1: calls.append("superacc32") or 0)
@@ -135,13 +164,13 @@ def test_probes_pick_int32_limbs_where_int64_is_not_exact(monkeypatch: pytest.Mo
     assert intpath.width("cpu") == "int64"
 
 
-OPS = ["exact_sum", "masked_mean", "group_advantages", "rms_norm", "rms_norm_backward", "softmax", "log_softmax",
-       "adamw"]
+OPS = ["exact_sum", "masked_mean", "masked_mean_backward", "ppo_loss", "group_advantages", "rms_norm",
+       "rms_norm_backward", "softmax", "log_softmax", "adamw", "all_reduce"]
 
 
 def test_conformance_with_int32_limbs_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every op whose generic code runs the superaccumulator, the fixed-point sum or ``sqrt_rn``, forced
-    onto int32 limbs: golden and adversarial cases bitwise against the references (the full set: the command above)."""
+    """Every op whose generic code runs the superaccumulator, the fixed-point sum, ``sqrt_rn``, the
+    count sums or all_reduce's limb sum, forced onto int32 limbs: golden and adversarial cases bitwise against the references (the full set: the command above)."""
     from rlkernel.conformance import runner
 
     monkeypatch.setenv(intpath.ENV, "int32")

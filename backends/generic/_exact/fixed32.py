@@ -47,16 +47,6 @@ def _place(t: torch.Tensor, e: torch.Tensor, frac_bits: int) -> tuple[torch.Tens
     return L.place24(torch.where(left, sig, q), torch.where(left, shift.clamp(max=62), 0), b < 0)
 
 
-def _to_f32(total: torch.Tensor) -> torch.Tensor:
-    """fp32 ``RN24(total)`` of normalised limbs ``[R, WIDTH]`` (exact fp32 value, as int64_to_f32)."""
-    neg = total[:, -1] < 0
-    q, scale, zero = L.round_to_24(torch.where(neg.unsqueeze(1), L.negate(total), total))
-    a = scale >> 1  # |scale| <= 16 * WIDTH: both halves normal powers of two, the product exact
-    out = (q.to(torch.float32) * L.pow2_f32(a)) * L.pow2_f32(scale - a)
-    out = torch.where(zero, torch.zeros_like(out), out)
-    return torch.where(neg, -out, out)
-
-
 def exact_sum(t: torch.Tensor, dim: int = -1, e: torch.Tensor | None = None, frac_bits: int = F_SUM,
               op: str = "sum", keepdim: bool = False) -> torch.Tensor:
     """Exact-grid sum of fp32 ``t`` along ``dim`` (max grid unless ``e`` is given); :func:`fixed.exact_sum`'s bits."""
@@ -77,7 +67,7 @@ def exact_sum(t: torch.Tensor, dim: int = -1, e: torch.Tensor | None = None, fra
     e_rows = torch.broadcast_to(e, t.shape).movedim(dim, -1).reshape(-1, moved.shape[-1])
     limb, pieces = _place(moved.reshape(-1, moved.shape[-1]), e_rows, frac_bits)
     total = L.row_sums(limb, pieces, WIDTH)
-    y = _to_f32(total).reshape(*lead, 1).movedim(-1, dim)
+    y = L.to_f32(total).reshape(*lead, 1).movedim(-1, dim)
     out = L.scale_pow2(y, e - frac_bits)
     special = nonfinite_total(t, dim, keepdim=True)
     out = torch.where(torch.isfinite(special), out, special)

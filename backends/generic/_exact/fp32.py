@@ -64,6 +64,10 @@ def _int_rounds_up(q: torch.Tensor, rem: torch.Tensor, half: torch.Tensor) -> to
 
 def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
     """Round int64 to fp32 (nearest, ties to even) in integer arithmetic, then convert exactly."""
+    if intpath.int32(s.device):  # the same rounding on int32 limbs
+        from . import limbs32
+
+        return limbs32.to_f32(limbs32.from_int64(s).reshape(-1, 4)).reshape(s.shape)
     mag = s.abs()
     drop = (bit_length(mag) - 24).clamp(min=0)
     q = mag >> drop
@@ -120,6 +124,22 @@ def int64_pair_to_float(hi: torch.Tensor, lo: torch.Tensor, shift: int, k: torch
     mag = torch.where(fits, whole, sticky)
     out = int64_to_float(torch.where(neg, -mag, mag), torch.where(fits, k, k + shift), dtype)
     return out
+
+
+def int_sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Exact integer sum of bool or int64 ``x`` (all of it, or along ``dim``), int64.
+
+    Counts and sums of counts: int64 ``sum`` by default; where :mod:`intpath` selects int32 limbs,
+    booleans are counted in int32 (below 2**31 elements) and int64 values summed on limbs.
+    """
+    if not intpath.int32(x.device):
+        return x.sum() if dim is None else x.sum(dim=dim, keepdim=keepdim)
+    from . import limbs32
+
+    if x.dtype == torch.bool and x.numel() < 1 << 31:
+        out = x.sum(dtype=torch.int32) if dim is None else x.sum(dim=dim, keepdim=keepdim, dtype=torch.int32)
+        return out.to(torch.int64)
+    return limbs32.int64_sum(x.to(torch.int64), dim, keepdim)
 
 
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:

@@ -66,16 +66,23 @@ def total(x: torch.Tensor, dim: int) -> torch.Tensor:
     return normalize(x[0])
 
 
-def _words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def words(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Low and high int32 words of int64 ``x`` (a bit view of a dense copy: no arithmetic)."""
-    dense = x.clone(memory_format=torch.contiguous_format) if x.dim() and x.stride(-1) != 1 else x.contiguous()
+    flat = x.reshape(-1)  # 1-d: a 0-d tensor has no axis to split
+    dense = flat.clone(memory_format=torch.contiguous_format) if flat.stride(-1) != 1 else flat.contiguous()
     words = dense.view(I32).reshape(*x.shape, 2)
     return words[..., _LO], words[..., _HI]
 
 
+def from_words(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """int64 whose low and high 32-bit words are int32 ``lo`` and ``hi`` (a bit view)."""
+    pair = [lo, hi] if _LO == 0 else [hi, lo]
+    return torch.stack(pair, dim=-1).contiguous().view(torch.int64).squeeze(-1)
+
+
 def from_int64(x: torch.Tensor) -> torch.Tensor:
     """int64 ``x`` as four normalised limbs ``[..., 4]`` (bit reinterpretation, no int64 arithmetic)."""
-    lo, hi = _words(x)
+    lo, hi = words(x)
     return torch.stack([lo & MASK, (lo >> BITS) & MASK, hi & MASK, hi >> BITS], dim=-1)
 
 
@@ -90,13 +97,12 @@ def to_int64(limbs: torch.Tensor) -> torch.Tensor:
         limbs = torch.cat([limbs, fill], dim=-1)
     lo = (limbs[..., 0] & MASK) | (sign_extend16(limbs[..., 1]) << BITS)
     hi = (limbs[..., 2] & MASK) | (sign_extend16(limbs[..., 3]) << BITS)
-    words = [lo, hi] if _LO == 0 else [hi, lo]
-    return torch.stack(words, dim=-1).contiguous().view(torch.int64).squeeze(-1)
+    return from_words(lo, hi)
 
 
 def is_positive_int64(x: torch.Tensor) -> torch.Tensor:
     """``x > 0`` for int64 ``x``, from its two 32-bit words (int32 comparisons only)."""
-    lo, hi = _words(x)
+    lo, hi = words(x)
     return (hi > 0) | ((hi == 0) & (lo != 0))
 
 
@@ -192,3 +198,26 @@ def round_to_24(mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     q = q + up.to(I32)
     scale = r + BITS * (kk - 2)
     return q, scale, zero
+
+
+def to_f32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``RN24`` of normalised numbers ``[R, L]`` (nearest, ties to even): the exact float ``q * 2**scale``.
+
+    The value is built from the 24-bit ``q`` by two multiplies by normal powers of two (exact for
+    ``L <= 7``: ``|scale| <= 16 L``).
+    """
+    neg = x[:, -1] < 0
+    q, scale, zero = round_to_24(torch.where(neg.unsqueeze(1), negate(x), x))
+    a = scale >> 1
+    out = (q.to(torch.float32) * pow2_f32(a)) * pow2_f32(scale - a)
+    out = torch.where(zero, torch.zeros_like(out), out)
+    return torch.where(neg, -out, out)
+
+
+def int64_sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Exact int64 sum of int64 ``x`` (all of it, or along ``dim``) from int32 limb sums; int64 result."""
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    dim = dim % x.dim()
+    out = to_int64(total(from_int64(x), dim=dim))
+    return out.unsqueeze(dim) if keepdim else out
