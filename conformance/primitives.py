@@ -263,7 +263,7 @@ def integer_path_line(device: torch.device | str) -> str:
     device = torch.device(device)
     width = intpath.width(device)
     why = intpath.resolved().get(device.type, (width, ""))[1]
-    how = "int32 limbs (no int64 arithmetic in the sums)" if width == "int32" else "int64"
+    how = "int32 limbs (docs/generic-primitives.md lists what still takes int64)" if width == "int32" else "int64"
     return f"generic integer sums on {device.type}: {how}" + (f" ({why})" if why else "")
 
 

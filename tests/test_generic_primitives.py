@@ -35,7 +35,7 @@ def test_documented_primitives_are_the_traced_ones() -> None:
 
 
 #: contract modules whose sums moved to the int32 limbs (the trace of all of them takes minutes: --write does it)
-INT32_OPS = ["exact_sum", "softmax", "log_softmax", "rms_norm", "masked_mean", "kl_k3"]
+INT32_OPS = ["exact_sum", "softmax", "rms_norm", "masked_mean", "all_reduce", "kl_k3"]
 
 
 def test_int32_limb_block_is_the_traced_one() -> None:

@@ -119,6 +119,21 @@ def test_all_reduce_matches_int64(world: int) -> None:
         assert torch.equal(all_reduce.all_reduce(p, "max"), p.amax(dim=0))
 
 
+def test_digit_products_and_float_rounding_match_int64() -> None:
+    from rlkernel.backends.generic._exact import digits, digits32
+
+    g = torch.Generator().manual_seed(7)
+    s = torch.cat([torch.randint(-(2**62), 2**62, (20000,), generator=g) >> torch.randint(0, 62, (20000,), generator=g),
+                   torch.tensor([0, 1, -1, 2**24 + 1, 3, -(2**25) - 2, 2**62 - 1, -(2**62), 255, 256, 257])])
+    for dtype, view in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16), (torch.float16, torch.int16)):
+        for k in (torch.randint(-200, 100, s.shape, generator=g), torch.tensor(-140), torch.tensor(0)):
+            expected = fp32.int64_to_float(s, k, dtype).view(view)
+            assert torch.equal(digits32.int64_to_float(s, k, dtype).view(view), expected)
+    xd = torch.randint(-64, 65, (4, 7, 5000), generator=g).to(torch.float32)
+    wd = torch.randint(-64, 65, (3, 5, 5000), generator=g).to(torch.float32)
+    assert torch.equal(digits32.int_product(xd, wd), digits.int_product(xd, wd))
+
+
 def test_switch_routes_the_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(superacc32, "accumulate", lambda t, dim=-1: calls.append("superacc32") or 0)
@@ -165,15 +180,18 @@ def test_probes_pick_int32_limbs_where_int64_is_not_exact(monkeypatch: pytest.Mo
 
 
 OPS = ["exact_sum", "masked_mean", "masked_mean_backward", "ppo_loss", "group_advantages", "rms_norm",
-       "rms_norm_backward", "softmax", "log_softmax", "adamw", "all_reduce"]
+       "rms_norm_backward", "softmax", "log_softmax", "adamw", "all_reduce", "linear", "token_logprobs"]
 
 
 def test_conformance_with_int32_limbs_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every op whose generic code runs the superaccumulator, the fixed-point sum, ``sqrt_rn``, the
-    count sums or all_reduce's limb sum, forced onto int32 limbs: golden and adversarial cases bitwise against the references (the full set: the command above)."""
+    """Every op whose generic code uses the int32-limb alternatives (sums, ``sqrt_rn``, counts,
+    all_reduce, the digit products' combine), forced onto them, with linear on a device's digit
+    path: the quick cases bitwise against the references (every op: the command above)."""
+    from rlkernel.backends.generic import linear as generic_linear
     from rlkernel.conformance import runner
 
     monkeypatch.setenv(intpath.ENV, "int32")
+    monkeypatch.setattr(generic_linear, "_path", lambda device: "digits")  # a device's path, not the CPU's f64
     config = runner.RunConfig(backend="generic", device="cpu", ops=OPS)
     result = runner.run(config)
     failed = [f"{r.op}/{r.case}: {r.detail}" for r in result.records if r.failed]

@@ -8,9 +8,11 @@ each primitive exactly (docs/generic-primitives.md; int64 arithmetic on the AI C
 risk) is what ``rlkernel conformance --backend ascend`` checks first (the primitive probes).
 
 Integer sums: ``int_width = "auto"``. On first use the int64 primitive probes run on the NPU; if
-any is wrong or unsupported there, the generic sums (P10 superaccumulator, fixed-point sums,
-``exact_sum``) run on int32 limbs instead: the same bits from int32 ``+ - & >> <<`` and int32
-``scatter_add``, which the Ascend operator lists support (docs/generic-primitives.md cites them).
+any is wrong or unsupported there, the generic path's wide integer work (P10 superaccumulator,
+fixed-point sums, ``exact_sum``, ``sqrt_rn``, counts, the digit products' combine, all_reduce)
+runs on int32 limbs instead: the same bits from int32 ``+ - & >> <<`` and int32 ``scatter_add``,
+which the Ascend operator lists support (docs/generic-primitives.md cites them, and lists what
+still takes int64 there).
 ``RLKERNEL_GENERIC_INT=int32`` forces the int32 limbs without probing.
 """
 

@@ -91,6 +91,10 @@ def int64_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torc
     ``dtype`` (or beyond its range: +-inf), built exactly in fp32 and converted exactly. Zero
     gives +0. ``s``: int64 with ``|s| < 2**63``; ``k``: int64 broadcastable to ``s``.
     """
+    if intpath.int32(s.device):  # the same rounding read from int32 limbs
+        from .digits32 import int64_to_float as int64_to_float_int32
+
+        return int64_to_float_int32(s, k, dtype)
     bits, quantum = _FORMATS[dtype]
     mag = s.abs()
     drop = torch.maximum(bit_length(mag) - bits, quantum - k).clamp(min=0, max=63)
