@@ -6,6 +6,12 @@ implements them exactly (the primitive set: docs/generic-primitives.md). What a 
 adds is only the facts: which plugin module makes the device type exist, how to see a device
 without initialising it, what to call its architecture.
 
+A vendor backend also declares which integer primitives the generic sums use on its device
+(``int_width``): ``int64`` (the default), ``int32`` (the int32-limb formulation, same bits, for
+a device whose int64 arithmetic is not exact) or ``auto`` (the int64 primitive probes decide on
+first use; backends/generic/_exact/intpath.py). ``RLKERNEL_GENERIC_INT=int32`` forces the int32
+limbs everywhere.
+
 The probe imports the plugin (that is what registers ``torch.npu`` / ``torch.musa`` and the
 device type) and asks the plugin's device module whether a device is present; it never
 allocates on the device.
@@ -20,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from rlkernel.backends.generic import GenericBackend
+from rlkernel.backends.generic._exact import intpath
 
 
 class VendorGenericBackend(GenericBackend):
@@ -32,6 +39,8 @@ class VendorGenericBackend(GenericBackend):
     priority = 100
     #: no conformance report from this vendor's hardware exists: unverified everywhere
     verification: ClassVar[dict[str, str]] = {"*": "unverified"}
+    #: integer primitives of the generic sums on this device: "int64", "int32" (limbs) or "auto" (probed)
+    int_width: ClassVar[str] = "int64"
 
     def import_plugin(self) -> None:
         """Import the vendor plugin (it registers the device type and ``torch.<device type>``)."""
@@ -54,7 +63,11 @@ class VendorGenericBackend(GenericBackend):
         if not module.is_available():
             return False, f"{self.plugin} is installed but no {self.device_types[0]} device is present"
         count = module.device_count() if hasattr(module, "device_count") else "?"
-        return True, f"{self.plugin} with {count} {self.device_types[0]} device(s); device-generic exact kernels"
+        for device_type in self.device_types:
+            if device_type != "cpu":
+                intpath.set_device_width(device_type, self.int_width)
+        return True, (f"{self.plugin} with {count} {self.device_types[0]} device(s); device-generic exact kernels "
+                      f"(integer sums: {self.int_width})")
 
     def architecture(self, device: torch.device) -> str:
         module = self.device_module()

@@ -128,7 +128,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     primitives = None
     if args.backend != "reference":  # primitives first: one line names what is wrong on this device
-        from rlkernel.conformance.primitives import first_failure, probe
+        from rlkernel.conformance.primitives import first_failure, integer_path_line, probe
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         try:
@@ -137,6 +137,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             primitives = [{"name": "*", "checks": "probes", "status": "error", "detail": str(exc)}]
         line = first_failure(primitives)
         print(line or f"primitives: {len(primitives)} probes pass on {device}", file=sys.stderr)
+        try:
+            print(integer_path_line(device), file=sys.stderr)
+        except (RuntimeError, ValueError) as exc:  # a bad RLKERNEL_GENERIC_INT or device string
+            print(f"generic integer sums: {exc}", file=sys.stderr)
     try:
         result = runner.run(config, progress=StreamProgress(sys.stderr))
     except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install

@@ -91,6 +91,8 @@ def describe(device: torch.device) -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu_model": cpu_model(),
     }
+    if os.environ.get("RLKERNEL_GENERIC_INT"):  # the generic sums forced onto int32 limbs (or int64)
+        env["generic_int"] = os.environ["RLKERNEL_GENERIC_INT"]
     if device.type == "cuda":
         env.update(cuda_facts(device))
     return env

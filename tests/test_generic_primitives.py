@@ -34,6 +34,29 @@ def test_documented_primitives_are_the_traced_ones() -> None:
         f"regenerate it: python -m rlkernel.conformance.primitives --write docs/generic-primitives.md")
 
 
+#: contract modules whose sums moved to the int32 limbs (the trace of all of them takes minutes: --write does it)
+INT32_OPS = ["exact_sum", "softmax", "rms_norm", "masked_mean", "all_reduce", "kl_k3"]
+
+
+def test_int32_limb_block_is_the_traced_one() -> None:
+    """What docs/generic-primitives.md says still runs int64 arithmetic with the int32 limbs forced."""
+    text = DOC.read_text()
+    added, clean, left = primitives.parse_int32(text)
+    main = primitives.parse(text)
+    per_op = primitives.trace(INT32_OPS, width="int32", by_op=True)
+    for seen in per_op.values():
+        for aten, combos in seen.items():
+            missing = combos - main.get(aten, set()) - added.get(aten, set())
+            assert not missing, f"{aten}: {sorted(missing)} is not in docs/generic-primitives.md; regenerate it"
+    traced = primitives.int64_left(per_op)
+    assert traced
+    for op, names in traced.items():
+        documented = [] if op in clean else left.get(op)
+        assert documented == names, (
+            f"docs/generic-primitives.md's int32-limb block is stale for {op}: documented {documented}, traced "
+            f"{names}; regenerate it: python -m rlkernel.conformance.primitives --write docs/generic-primitives.md")
+
+
 def test_probes_pass_on_the_cpu() -> None:
     results = primitives.probe("cpu")
     assert [r["name"] for r in results] == list(primitives.PROBES)

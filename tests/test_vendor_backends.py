@@ -141,6 +141,21 @@ def test_vendor_selected_for_its_device_type(monkeypatch: pytest.MonkeyPatch, cl
     assert backend.level(torch.device("cpu")) == "unverified"
 
 
+@pytest.mark.parametrize(("cls", "plugin", "device_type"), VENDORS)
+def test_vendor_declares_its_integer_width(monkeypatch: pytest.MonkeyPatch, cls: type[Backend], plugin: str,
+                                           device_type: str) -> None:
+    """ascend: ``auto`` (int64 on the AI Core is the known risk: the int64 probes decide on first use and
+    the generic sums move to int32 limbs if one fails); musa follows CUDA: int64."""
+    from rlkernel.backends.generic._exact import intpath
+
+    monkeypatch.setattr(intpath, "_declared", {})
+    _fake_plugin(monkeypatch, plugin, device_type)
+    ok, reason = cls().probe()
+    expected = "auto" if cls is AscendBackend else "int64"
+    assert ok and f"integer sums: {expected}" in reason, reason
+    assert intpath._declared == {device_type: expected}
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.int8}[t.element_size()])
 

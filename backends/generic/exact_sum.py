@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from ._exact import superacc
+from ._exact import intpath, superacc, superacc32
 
 
 def _scatter(terms: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Tensor:
     """States [num_rows, E, 20] of the terms [S, E] added to rows ``index`` [S]."""
+    if intpath.int32(terms.device):
+        return superacc32.scatter(terms, index, num_rows)
     s, e = terms.shape
     dev = terms.device
     nl = superacc.NUM_LIMBS + 1

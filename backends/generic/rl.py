@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from rlkernel.backends.generic._exact import superacc
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, sqrt_rn
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, int_sum, sqrt_rn
 from rlkernel.backends.generic._exact.transcendental import exp_c
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -44,14 +44,14 @@ def _partial(x: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """The canonical partial, int64 [21]: P10 state of the summed terms and the count."""
     if mode not in MODES:
         raise ValueError(f"masked_mean: mode {mode!r}; expected one of {MODES}")
-    counts = mask.sum(dim=1)
-    nonempty = counts > 0
+    counts = int_sum(mask, dim=1)
+    nonempty = mask.any(dim=1)  # counts > 0, without an int64 comparison
     if mode == "seq-mean-token-mean":
         terms = torch.where(nonempty, _seq_means(x, mask, counts), torch.zeros(counts.shape, device=x.device))
-        count = nonempty.sum()
+        count = int_sum(nonempty)
     else:
         terms = torch.where(mask, x, torch.zeros_like(x)).reshape(-1)
-        count = counts.sum() if mode == "token-mean" else nonempty.sum()
+        count = int_sum(counts) if mode == "token-mean" else int_sum(nonempty)
     if terms.numel() == 0:
         state = torch.zeros(superacc.STATE_SLOTS, dtype=torch.int64, device=x.device)
     else:
@@ -64,7 +64,7 @@ def _merge(partials: torch.Tensor) -> torch.Tensor:
     if partials.shape[0] == 0:
         return torch.zeros(PARTIAL_SLOTS, dtype=torch.int64, device=partials.device)
     state = superacc.merge(partials[:, :COUNT], dim=0)
-    return torch.cat([state, partials[:, COUNT].sum().reshape(1)])
+    return torch.cat([state, int_sum(partials[:, COUNT]).reshape(1)])
 
 
 def _finish(partial: torch.Tensor, denominator: float | None) -> torch.Tensor:
@@ -144,14 +144,14 @@ def _ppo_tokens(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 def _ppo_grad(pg1: torch.Tensor, active: torch.Tensor, mask: torch.Tensor, mode: str,
               denominator: float | None, grad_output: torch.Tensor) -> torch.Tensor:
-    counts = mask.sum(dim=1, keepdim=True)
+    counts = int_sum(mask, dim=1, keepdim=True)
     scaled = pg1 * grad_output.to(torch.float32).reshape(())
     if denominator is not None:
         d = _f32(denominator, pg1.device)
     elif mode == "token-mean":
-        d = int64_to_f32(counts.sum())
+        d = int64_to_f32(int_sum(counts))
     else:
-        d = int64_to_f32((counts > 0).sum())
+        d = int64_to_f32(int_sum(mask.any(dim=1)))
     if mode == "seq-mean-token-mean":
         scaled = scaled / int64_to_f32(counts)
     grad = scaled / d

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32
+from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, int_sum
 from rlkernel.backends.generic._exact.transcendental import exp_c
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -37,8 +37,8 @@ def _denominator(mask: torch.Tensor, counts: torch.Tensor, mode: str, denominato
     if denominator is not None:
         return torch.tensor(denominator, dtype=torch.float32, device=mask.device)
     if mode == "token-mean":
-        return int64_to_f32(counts.sum())
-    return int64_to_f32((counts > 0).sum())
+        return int64_to_f32(int_sum(counts))
+    return int64_to_f32(int_sum(mask.any(dim=1)))  # sequences with a kept token
 
 
 def _per_token(g: torch.Tensor, counts: torch.Tensor, d: torch.Tensor, mode: str) -> torch.Tensor:
@@ -66,7 +66,7 @@ def masked_mean_backward(grad: torch.Tensor, mask: torch.Tensor, mode: str = "to
     """
     if mode not in MODES:
         raise ValueError(f"masked_mean_backward: mode {mode!r}; expected one of {MODES}")
-    counts = mask.sum(dim=1, keepdim=True)
+    counts = int_sum(mask, dim=1, keepdim=True)
     g = grad.to(torch.float32).reshape(())
     value = _per_token(g, counts, _denominator(mask, counts, mode, denominator), mode)
     zero = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)

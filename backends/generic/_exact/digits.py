@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import intpath
 from .fp32 import exponent, int64_to_f32, pow2_f32, scale_pow2
 
 GRID = 20
@@ -78,6 +79,10 @@ def digit_planes(t: torch.Tensor, e: torch.Tensor, bits: int, count: int) -> tor
 
 def int_product(xd: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
     """Exact int64 ``X @ W.T`` from digit planes xd [A, M, K], wd [B, N, K]."""
+    if intpath.int32(xd.device):  # the same product combined on int32 limbs
+        from .digits32 import int_product as int_product_int32
+
+        return int_product_int32(xd, wd)
     na, m, k = xd.shape
     nb, n = wd.shape[0], wd.shape[1]
     acc = torch.zeros((m, n), dtype=torch.int64, device=xd.device)

@@ -72,6 +72,10 @@ def from_fixed(total: torch.Tensor, e: torch.Tensor, frac_bits: int = F_SUM) -> 
 def exact_sum(t: torch.Tensor, dim: int = -1, e: torch.Tensor | None = None, frac_bits: int = F_SUM,
               op: str = "sum", keepdim: bool = False) -> torch.Tensor:
     """Exact-grid sum of fp32 ``t`` along ``dim`` (max grid unless ``e`` is given)."""
+    from . import fixed32, intpath  # fixed32 imports this module's helpers
+
+    if intpath.int32(t.device):
+        return fixed32.exact_sum(t, dim, e, frac_bits, op, keepdim)
     err = sum_bound_error(op, t.shape[dim], frac_bits)
     if err is not None:
         raise err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import intpath
+
 _NAN_BITS = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
 
@@ -62,6 +64,10 @@ def _int_rounds_up(q: torch.Tensor, rem: torch.Tensor, half: torch.Tensor) -> to
 
 def int64_to_f32(s: torch.Tensor) -> torch.Tensor:
     """Round int64 to fp32 (nearest, ties to even) in integer arithmetic, then convert exactly."""
+    if intpath.int32(s.device):  # the same rounding on int32 limbs
+        from . import limbs32
+
+        return limbs32.to_f32(limbs32.from_int64(s).reshape(-1, 4)).reshape(s.shape)
     mag = s.abs()
     drop = (bit_length(mag) - 24).clamp(min=0)
     q = mag >> drop
@@ -85,6 +91,10 @@ def int64_to_float(s: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torc
     ``dtype`` (or beyond its range: +-inf), built exactly in fp32 and converted exactly. Zero
     gives +0. ``s``: int64 with ``|s| < 2**63``; ``k``: int64 broadcastable to ``s``.
     """
+    if intpath.int32(s.device):  # the same rounding read from int32 limbs
+        from .digits32 import int64_to_float as int64_to_float_int32
+
+        return int64_to_float_int32(s, k, dtype)
     bits, quantum = _FORMATS[dtype]
     mag = s.abs()
     drop = torch.maximum(bit_length(mag) - bits, quantum - k).clamp(min=0, max=63)
@@ -118,6 +128,22 @@ def int64_pair_to_float(hi: torch.Tensor, lo: torch.Tensor, shift: int, k: torch
     mag = torch.where(fits, whole, sticky)
     out = int64_to_float(torch.where(neg, -mag, mag), torch.where(fits, k, k + shift), dtype)
     return out
+
+
+def int_sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Exact integer sum of bool or int64 ``x`` (all of it, or along ``dim``), int64.
+
+    Counts and sums of counts: int64 ``sum`` by default; where :mod:`intpath` selects int32 limbs,
+    booleans are counted in int32 (below 2**31 elements) and int64 values summed on limbs.
+    """
+    if not intpath.int32(x.device):
+        return x.sum() if dim is None else x.sum(dim=dim, keepdim=keepdim)
+    from . import limbs32
+
+    if x.dtype == torch.bool and x.numel() < 1 << 31:
+        out = x.sum(dtype=torch.int32) if dim is None else x.sum(dim=dim, keepdim=keepdim, dtype=torch.int32)
+        return out.to(torch.int64)
+    return limbs32.int64_sum(x.to(torch.int64), dim, keepdim)
 
 
 def canonical_nan(t: torch.Tensor) -> torch.Tensor:
@@ -173,6 +199,10 @@ def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
     -------
     Tensor, float32, same shape
     """
+    if intpath.int32(x.device):  # the same bits from int32 operations (sqrt32.py)
+        from .sqrt32 import sqrt_rn as sqrt_rn_int32
+
+        return sqrt_rn_int32(x)
     x = x.to(torch.float32)
     b = bits_of(x)
     biased = (b >> 23) & 0xFF

@@ -10,13 +10,16 @@ rounds the exact value once to fp32 in integer arithmetic (top three 16-bit limb
 then builds the float from a 24-bit integer and two exact power-of-two multiplies.
 
 Everything here is int64 arithmetic, comparisons, ``scatter_add`` of int64 (exact in any
-order, so also with atomics), and fp32 multiplies by powers of two that are exact.
+order, so also with atomics), and fp32 multiplies by powers of two that are exact. Where the
+device's int64 is not exact (:mod:`intpath`), the public functions below hand the work to
+:mod:`superacc32`, the same states and results computed on int32 limbs.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import intpath, superacc32
 from .fp32 import bit_length, bits_of, pow2_f32
 
 NUM_LIMBS = 16
@@ -96,6 +99,8 @@ def accumulate(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     -------
     Tensor, int64, ``t.shape`` without ``dim`` plus a last axis of 20 slots, on t's device
     """
+    if intpath.int32(t.device):
+        return superacc32.accumulate(t, dim)
     if t.dtype != torch.float32:
         raise TypeError(f"superacc.accumulate: expected float32 terms, got {t.dtype}")
     moved = t.movedim(dim, -1)
@@ -125,6 +130,8 @@ def accumulate(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def normalize(states: torch.Tensor) -> torch.Tensor:
     """Canonical form of states ``[..., 20]`` (same value and counts)."""
+    if intpath.int32(states.device):
+        return superacc32.normalize(states)
     out = states.clone()
     out[..., :NUM_LIMBS + 1] = normalize_limbs(states[..., :NUM_LIMBS + 1])
     return out
@@ -132,6 +139,8 @@ def normalize(states: torch.Tensor) -> torch.Tensor:
 
 def merge(states: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Merge states along ``dim`` (slot-wise integer sum, then normalise): canonical result."""
+    if intpath.int32(states.device):
+        return superacc32.merge(states, dim)
     if dim % states.dim() == states.dim() - 1:
         raise ValueError("superacc.merge: dim must not be the slot axis")
     k = states.shape[dim]
@@ -157,6 +166,8 @@ def finish(states: torch.Tensor) -> torch.Tensor:
     -------
     Tensor, float32, ``states.shape[:-1]``, on the states' device
     """
+    if intpath.int32(states.device):
+        return superacc32.finish(states)
     lead = states.shape[:-1]
     s = states.reshape(-1, STATE_SLOTS)
     dev = s.device
