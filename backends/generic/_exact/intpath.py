@@ -112,14 +112,19 @@ INT64_PROBES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[torch.Tensor
 }
 
 
-def run_probes(probes: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]], inputs: dict[str, torch.Tensor],
+def run_probes(probes: dict[str, tuple[Any, ...]], inputs: dict[str, torch.Tensor],
                device: torch.device | str) -> list[dict[str, Any]]:
-    """Each probe on ``device`` against the CPU: ``[{name, checks, status, detail}]`` (pass|fail|error)."""
+    """Each probe on ``device`` against the CPU: ``[{name, checks, status, detail}]`` (pass|fail|error).
+
+    A probe is ``(checks, fn)``, the expected bits being ``fn`` on the CPU, or ``(checks, fn,
+    expected)`` where the CPU's own torch op is not the IEEE result (``expected(inputs)`` computes it
+    exactly on the CPU).
+    """
     device = torch.device(device)
     results = []
-    for name, (checks, fn) in probes.items():
+    for name, (checks, fn, *exact) in probes.items():
         try:
-            expected = fn(inputs)
+            expected = (exact[0] if exact else fn)(inputs)
             actual = fn({k: v.to(device) for k, v in inputs.items()})
             bad = [i for i, (e, a) in enumerate(zip(expected, actual)) if not torch.equal(_bits(e), _bits(a))]
             detail = f"output {bad[0]} differs from the CPU's IEEE/exact result" if bad else ""
