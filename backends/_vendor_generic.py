@@ -19,8 +19,10 @@ allocates on the device.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -68,6 +70,30 @@ class VendorGenericBackend(GenericBackend):
                 intpath.set_device_width(device_type, self.int_width)
         return True, (f"{self.plugin} with {count} {self.device_types[0]} device(s); device-generic exact kernels "
                       f"(integer sums: {self.int_width})")
+
+    def kernel(self, op: str) -> Callable[..., Any]:
+        """The generic kernel; for an op that still needs exact int64 arithmetic
+        (:data:`intpath.INT64_OPS`), one that refuses to run on a device whose int64 probes failed."""
+        fn = super().kernel(op)
+        if op not in intpath.INT64_OPS or getattr(fn, "_int64_guarded", False):
+            return fn
+
+        @functools.wraps(fn)
+        def guarded(**kwargs: Any) -> Any:
+            device = next((v.device for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+            why = intpath.int64_unreliable(device) if device is not None else None
+            if why:
+                raise RuntimeError(
+                    f"{self.name}: {op} needs exact int64 arithmetic, which the probes found wrong on {device} "
+                    f"({why}); its generic kernel has no int32-limb formulation yet "
+                    f"(docs/generic-primitives.md lists the ops that have one). Its bits would be wrong here, so "
+                    f"it does not run: run this op on another device, or report the failing probe to the "
+                    f"plugin's vendor")
+            return fn(**kwargs)
+
+        guarded._int64_guarded = True  # type: ignore[attr-defined]
+        self._cache[op] = guarded
+        return guarded
 
     def architecture(self, device: torch.device) -> str:
         module = self.device_module()

@@ -12,6 +12,8 @@ The full run is a documented command (docs/generic-primitives.md):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -197,3 +199,34 @@ def test_conformance_with_int32_limbs_forced(monkeypatch: pytest.MonkeyPatch) ->
     failed = [f"{r.op}/{r.case}: {r.detail}" for r in result.records if r.failed]
     assert result.records and not failed, failed[:5]
     assert {r.op for r in result.records} >= set(OPS)
+
+
+def test_int64_ops_are_the_documented_ones() -> None:
+    """``intpath.INT64_OPS`` (what a device with failed int64 probes refuses) is the generated list
+    of docs/generic-primitives.md of ops still running int64 arithmetic with int32 limbs."""
+    from rlkernel.conformance import primitives
+
+    _, _, left = primitives.parse_int32((Path(__file__).resolve().parents[1] / "docs" / "generic-primitives.md")
+                                        .read_text())
+    assert set(left) == set(intpath.INT64_OPS)
+
+
+def test_ops_needing_int64_refuse_a_device_whose_int64_probes_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a vendor device whose int64 probes failed, an op with an int32-limb formulation runs on the
+    limbs, and one without (``linear``) raises an error naming the failed probe instead of
+    computing wrong bits; forcing int32 for a test changes nothing of that."""
+    from rlkernel.backends.ascend import AscendBackend
+
+    backend = AscendBackend()
+    monkeypatch.setattr(intpath, "_declared", {})
+    monkeypatch.setattr(intpath, "_resolved", {"cpu": ("int32", "int64_sum: fail output 0 differs")})
+    intpath.set_device_width("cpu", "auto")
+    monkeypatch.setattr(intpath, "_resolved", {"cpu": ("int32", "int64_sum: fail output 0 differs")})
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    w = torch.randn(4, 8).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"ascend: linear needs exact int64 arithmetic.*int64_sum: fail"):
+        backend.kernel("linear")(x=x, weight=w, bias=None, out_dtype=None)
+    out = backend.kernel("rms_norm")(x=x, weight=torch.ones(8, dtype=torch.bfloat16), eps=1e-6)
+    assert out.shape == x.shape
+    monkeypatch.setattr(intpath, "_resolved", {"cpu": ("int64", "int64 probes pass")})
+    assert backend.kernel("linear")(x=x, weight=w, bias=None, out_dtype=None).shape == (3, 4)

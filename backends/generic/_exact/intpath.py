@@ -81,6 +81,31 @@ def int32(device: torch.device | str) -> bool:
     return width(device) == "int32"
 
 
+#: Ops whose generic kernels still run int64 arithmetic when the sums take int32 limbs (the list
+#: docs/generic-primitives.md generates from a trace; tests/test_int32_limbs.py keeps the two equal).
+#: On a device whose int64 probes failed they are refused (:func:`int64_unreliable`), not run.
+INT64_OPS = frozenset({
+    "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_partial", "linear",
+    "linear_exponents", "linear_finish", "linear_partial", "rope", "rope_backward", "sample", "token_entropy",
+    "token_entropy_backward", "token_logprobs", "token_logprobs_backward", "token_logprobs_backward_finish",
+    "token_logprobs_backward_partial", "token_logprobs_finish", "token_logprobs_partial",
+})
+
+
+def int64_unreliable(device: torch.device | str) -> str | None:
+    """Why int64 arithmetic is not exact on ``device`` (the failed probes), or None.
+
+    Only a device whose backend declared ``auto`` and whose probes failed is unreliable; forcing
+    int32 (``use_width``, ``RLKERNEL_GENERIC_INT``) changes the sums, not what the device can do.
+    """
+    device = torch.device(device)
+    if _declared.get(device.type) != "auto":
+        return None
+    width(device)  # resolves ``auto`` on first use
+    chosen, why = _resolved.get(device.type, ("int64", ""))
+    return why if chosen == "int32" else None
+
+
 def resolved() -> dict[str, tuple[str, str]]:
     """What ``auto`` chose per device type so far, and why (for reports)."""
     return dict(_resolved)
