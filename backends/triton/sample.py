@@ -34,13 +34,16 @@ from .targets import TritonTarget
 MAX_VOCAB = 1 << 18
 #: tokens per tile of the split kernel (a multiple of 4: one Philox block serves four tokens)
 SPLIT_BLOCK = 1024
-#: the split kernel aims at about this many programs in all (B x S)
-PROGRAMS = 528
+#: the split kernel aims at about this many programs in all (B x S): many short programs (a few
+#: tiles each) keep the last wave on 132 SMs short
+PROGRAMS = 4096
+#: most programs per row (the finish kernel reads the row's partials as one tile of this size)
+MAX_SPLITS = 256
 #: tokens per tile of the filtered passes of the finish kernel
 FILTER_BLOCK = 512
 #: digit bits per selection pass, and the passes that cover the 50-bit rank key
-DIGIT_BITS = 3
-SELECT_PASSES = 17
+DIGIT_BITS = 4
+SELECT_PASSES = 13
 
 _M0 = tl.constexpr(0xD2511F53)
 _M1 = tl.constexpr(0xCD9E8D57)
@@ -54,13 +57,6 @@ _TWO_M24 = tl.constexpr(5.9604644775390625e-08)  # 2**-24, exact in fp32
 
 
 @triton.jit
-def _mulhilo(a, M: tl.constexpr):
-    """(high, low) 32-bit words of ``a * M`` (uint32 a) from one exact 64-bit product."""
-    prod = a.to(tl.uint64) * M
-    return (prod >> 32).to(tl.uint32), prod.to(tl.uint32)
-
-
-@triton.jit
 def _philox(ctr0, c1, c2, k0, k1):
     """Philox4x32-10 of counters ``(ctr0, c1, c2, 0)`` (uint32 tensor, scalars), key ``(k0, k1)``."""
     x0 = ctr0
@@ -68,9 +64,12 @@ def _philox(ctr0, c1, c2, k0, k1):
     x2 = tl.zeros_like(ctr0) + c2
     x3 = tl.zeros_like(ctr0)
     for i in tl.static_range(10):
-        hi_a, lo_a = _mulhilo(x0, _M0)
-        hi_b, lo_b = _mulhilo(x2, _M1)
-        x0, x1, x2, x3 = (hi_b ^ x1) ^ k0, lo_b, (hi_a ^ x3) ^ k1, lo_a
+        # (high, low) words of x0 * M0 and x2 * M1 from exact 64-bit products (inlined: the
+        # interpreter pays per nested call)
+        pa = x0.to(tl.uint64) * _M0
+        pb = x2.to(tl.uint64) * _M1
+        x0, x1, x2, x3 = ((pb >> 32).to(tl.uint32) ^ x1) ^ k0, pb.to(tl.uint32), ((pa >> 32).to(tl.uint32) ^ x3) ^ k1, \
+            pa.to(tl.uint32)
         k0 = k0 + _W0
         k1 = k1 + _W1
     return x0, x1, x2, x3
@@ -90,14 +89,19 @@ def _gumbel_tile(blk0, R: tl.constexpr, seed, pos):
 
 @triton.jit
 def _order(s):
-    """Monotone non-negative int64 key of non-NaN fp32 ``s`` (-0 == +0; -inf -> 0), < 2**32."""
-    return E.max_key(s).to(tl.int64) + _INF_KEY
+    """Monotone non-negative int64 key of non-NaN fp32 ``s`` (-0 == +0; -inf -> 0), < 2**32:
+    ``max_key(s) + 0x7F800000`` (written out flat: the interpreter pays per nested call)."""
+    b = s.to(tl.int32, bitcast=True)
+    a = b & 0x7FFFFFFF
+    return tl.where(b < 0, -a, a).to(tl.int64) + _INF_KEY
 
 
 @triton.jit
 def _rank_key(z, j):
     """The unique rank key ``(order(z) << 18) | (2**18 - 1 - j)``: larger = ranked earlier."""
-    return (_order(z) << _IDX_BITS) | (_IDX_MASK - j.to(tl.int64))
+    b = z.to(tl.int32, bitcast=True)
+    a = b & 0x7FFFFFFF
+    return ((tl.where(b < 0, -a, a).to(tl.int64) + _INF_KEY) << _IDX_BITS) | (_IDX_MASK - j.to(tl.int64))
 
 
 @triton.jit
@@ -136,25 +140,33 @@ def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_p
 
 
 @triton.jit
-def _digit_pass(x_row, V, tau, m, lo_key, L, shift, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
+def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
                 NC: tl.constexpr):
-    """For the candidates ``c_d = L + (d << shift)``, d < NC: the count (USE_Q false) or the exact
-    int64 sum of ``q = RNE(exp_c(z - m) * 2**40)`` (USE_Q) of the tokens with ``lo_key <= key``
-    and ``c_d <= key``; int64 [NC]."""
+    """For the candidates ``c_d = L + (d << shift)``, d < NC: ``f(c_d)``, the count (USE_Q false)
+    or the exact int64 sum of ``q = RNE(exp_c(z - m) * 2**40)`` (USE_Q) of the live tokens
+    (``key >= lo_key``) with ``key >= c_d``; int64 [NC].
+
+    Only the window ``L <= key < L + (NC << shift)`` is visited: the live tokens above it add
+    ``base`` to every candidate (the caller knows it from the previous pass), those below add
+    nothing, so a tile without a window token skips exp_c and the candidate compares.
+    """
     cols = tl.arange(0, BLOCK)
-    cand = L + (tl.arange(0, NC).to(tl.int64) << shift)
-    acc = tl.zeros([NC], tl.int64)
+    dd = tl.arange(0, NC).to(tl.int64)
+    cand = L + (dd << shift)
+    top = L + (tl.full([], NC, tl.int64) << shift)
+    acc = tl.zeros([NC], tl.int64) + base
     for off in range(0, V, BLOCK):
         j = off + cols
         mask = j < V
         z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
         key = _rank_key(z, j)
-        live = mask & (key >= lo_key)
-        if USE_Q:
-            w = tl.where(live, E.to_fixed(E.exp_c(z - m), 0, 40), 0)
-        else:
-            w = live.to(tl.int64)
-        acc += tl.sum(tl.where(key[:, None] >= cand[None, :], w[:, None], 0), axis=0)
+        win = mask & (key >= lo_key) & (key >= L) & (key < top)
+        if tl.max(win.to(tl.int32), axis=0) != 0:
+            if USE_Q:
+                w = tl.where(win, E.to_fixed(E.exp_c(z - m), 0, 40), 0)
+            else:
+                w = win.to(tl.int64)
+            acc += tl.sum(tl.where(key[:, None] >= cand[None, :], w[:, None], 0), axis=0)
     return acc
 
 
@@ -162,20 +174,25 @@ def _digit_pass(x_row, V, tau, m, lo_key, L, shift, USE_Q: tl.constexpr, BLOCK: 
 def _select(x_row, V, tau, m, lo_key, target, pnum, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
             DIGIT: tl.constexpr, PASSES: tl.constexpr):
     """The largest key c with ``f(c) >= target`` (f: count or q-sum of the live keys >= c; f is
-    non-increasing and f(0) >= target), found DIGIT bits per pass. With USE_Q the target is
-    the top-p cut ``floor(total * pnum / 2**24)``, total = f(0) from the first pass."""
+    non-increasing and f(0) >= target), found DIGIT bits per pass, most significant first.
+    With USE_Q the target is the top-p cut ``floor(total * pnum / 2**24)`` (exact in int64),
+    total = f(0) from the first pass."""
     NC: tl.constexpr = 1 << DIGIT
     d = tl.arange(0, NC).to(tl.int64)
     L = tl.zeros([], tl.int64)
+    base = tl.zeros([], tl.int64)
     tgt = tl.zeros([], tl.int64) + target
     for ps in range(PASSES):
         shift = (PASSES - 1 - ps) * DIGIT
-        acc = _digit_pass(x_row, V, tau, m, lo_key, L, shift, USE_Q, BLOCK, NC)
+        acc = _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q, BLOCK, NC)
         if USE_Q:
             if ps == 0:
                 total = tl.sum(tl.where(d == 0, acc, 0), axis=0)
                 tgt = (total >> 24) * pnum + (((total & 0xFFFFFF) * pnum) >> 24)
-        L = L + (tl.max(tl.where(acc >= tgt, d, 0), axis=0) << shift)
+        pick = tl.max(tl.where(acc >= tgt, d, 0), axis=0)
+        # the live tokens above the next window: f at the next candidate (or the same base)
+        base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
+        L = L + (pick << shift)
     return L
 
 
@@ -224,7 +241,7 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
 def _chunking(b: int, v: int) -> tuple[int, int]:
     """(S programs per row, tokens per program): shape-only, about PROGRAMS programs in all."""
     blocks = triton.cdiv(v, SPLIT_BLOCK)
-    s = max(1, min(blocks, triton.cdiv(PROGRAMS, max(b, 1))))
+    s = max(1, min(blocks, MAX_SPLITS, triton.cdiv(PROGRAMS, max(b, 1))))
     per = triton.cdiv(blocks, s)
     return triton.cdiv(blocks, per), per * SPLIT_BLOCK
 
@@ -270,7 +287,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     part = torch.empty((b, s), dtype=torch.int64, device=logits.device)
     _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
                                  **LAUNCH)
-    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, out, v, s, S_BLOCK=triton.next_power_of_2(s),
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, out, v, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, num_warps=8,
                                 **LAUNCH)
     return out
@@ -288,6 +305,6 @@ def static_specs(target: TritonTarget):
         specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
                       {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "out_ptr": "*i64", "V": "i32", "S": "i32",
                        "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr"},
-                      {"S_BLOCK": 256, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES},
+                      {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES},
                       {"num_warps": 8}))
     return specs
