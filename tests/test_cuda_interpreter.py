@@ -260,15 +260,15 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 def run_sample_split_checks() -> list[dict[str, Any]]:
     """``sample`` with 8-token split tiles (several programs per row: the per-program winners,
     NaN / +inf / tie rows split across programs, merged exactly) and 256-token filter tiles
-    (multi-tile top-k / top-p selection passes): the golden and adversarial cases of up to
-    16384 elements. The bits must not move."""
+    (multi-tile top-k / top-p selection passes): the cases of up to 4096 elements (specials, ties,
+    extremes, per-row parameter mixes; each tile costs the interpreter ~0.1 s). The bits must not move."""
     from rlkernel.backends.triton import sample
 
     saved = (sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK)
     sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK = 8, 64, 256
     records = []
     try:
-        for rec in run_op_checks("sample", skip_invariance=True, limit_scale=1 / 64):
+        for rec in run_op_checks("sample", skip_invariance=True, limit_scale=1 / 256):
             rec["case"] = f"sample/{rec['case']}"
             records.append(rec)
     finally:
