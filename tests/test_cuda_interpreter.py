@@ -13,7 +13,8 @@ op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the
 listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
-loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit.
+loops, more vocabulary ranges, 16-query x 32-key attention tiles), and the small ``sample`` cases
+with 8-token split tiles (many programs per row), which must not move a bit.
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -122,7 +123,8 @@ def force_cuda_backend_on_cpu() -> None:
     registry._probes["cuda"] = (True, "Triton interpreter on the CPU (test)")
 
 
-def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0) -> list[dict[str, Any]]:
+def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
+                  skip_invariance: bool = False) -> list[dict[str, Any]]:
     """Every small case of one contract module through the CUDA kernels vs the reference."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
@@ -167,7 +169,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         results.append(rec)
 
-    for inv in [] if golden_only else invariance_cases(module, full=False):
+    for inv in [] if golden_only or skip_invariance else invariance_cases(module, full=False):
         op = op_of(module, inv)
         rec = {"case": inv.name, "op": op, "kind": "invariance"}
         if op not in KERNELS:
@@ -251,6 +253,26 @@ def run_tiling_checks() -> list[dict[str, Any]]:
                 records.append(rec)
     finally:
         rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = saved
+    records.extend(run_sample_split_checks())
+    return records
+
+
+def run_sample_split_checks() -> list[dict[str, Any]]:
+    """``sample`` with 8-token split tiles (several programs per row: the per-program winners,
+    NaN / +inf / tie rows split across programs, merged exactly) and 256-token filter tiles
+    (multi-tile top-k / top-p selection passes): the cases of up to 4096 elements (specials, ties,
+    extremes, per-row parameter mixes; each tile costs the interpreter ~0.1 s). The bits must not move."""
+    from rlkernel.backends.triton import sample
+
+    saved = (sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK)
+    sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK = 8, 64, 256
+    records = []
+    try:
+        for rec in run_op_checks("sample", skip_invariance=True, limit_scale=1 / 256):
+            rec["case"] = f"sample/{rec['case']}"
+            records.append(rec)
+    finally:
+        sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK = saved
     return records
 
 

@@ -44,7 +44,7 @@ KERNELS: dict[str, str] = {
     "token_logprobs_backward_finish": "torch_exact:token_logprobs_backward_finish",
     "softmax": "softmax:softmax",
     "log_softmax": "softmax:log_softmax",
-    "sample": "torch_exact:sample",
+    "sample": "sample:sample",
     "group_advantages": "torch_exact:group_advantages",
     "ppo_loss": "torch_exact:ppo_loss",
     "masked_mean": "torch_exact:masked_mean",

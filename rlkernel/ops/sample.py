@@ -111,11 +111,15 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     temp_t = _per_row(op, "temperature", temperature, b, device, torch.float32, "float")
     k_t = _per_row(op, "top_k", top_k, b, device, torch.int64, "int")
     p_t = _per_row(op, "top_p", top_p, b, device, torch.float32, "float")
-    _check_values(op, "temperature", ~(torch.isfinite(temp_t) & (temp_t >= 0)), temp_t,
-                  "a finite value >= 0 (0 = greedy)")
-    _check_values(op, "top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)")
-    _check_values(op, "top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)")
-    _check_values(op, "position", pos_t < 0, pos_t, "a token position >= 0")
+    checks = [("temperature", ~(torch.isfinite(temp_t) & (temp_t >= 0)), temp_t, "a finite value >= 0 (0 = greedy)"),
+              ("top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)"),
+              ("top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)"),
+              ("position", pos_t < 0, pos_t, "a token position >= 0")]
+    # one host synchronisation for the four value checks (a decode step pays each one); the
+    # messages come from the per-parameter checks, run only when something is wrong
+    if b and bool(torch.stack([bad.any() for _, bad, _, _ in checks]).any()):
+        for name, bad, t, expected in checks:
+            _check_values(op, name, bad, t, expected)
     with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
         return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
                              seed=seed_t, position=pos_t)

@@ -1,0 +1,310 @@
+"""``sample`` on Triton (contract ``sample`` v1): fused Philox Gumbel-max with exact top-k / top-p.
+
+Two launches, no host reads of device values (CUDA-graph capturable):
+
+- ``_sample_split_kernel``, grid (B, S): program (b, s) takes chunk s of row b's vocabulary
+  (S from the shape only, so that B x S fills the GPU: B = 1 runs ~150 programs). Per token it
+  forms the packed int64 ``(class << 50) | (order(score) << 18) | (2**18 - 1 - j)``: class 3 for
+  a NaN z (the first NaN wins), 2 for +inf (the first +inf wins), 1 otherwise, with
+  ``order`` the monotone 32-bit key of the fp32 score (-0 and +0 share one). The integer max
+  is then the R5 argmax with ties to the lowest index, and an all -inf row gives token 0. The
+  score is ``x`` (greedy rows), ``z + g`` (plain rows: Philox4x32-10 once per block of four
+  tokens on a [BLOCK/4, 4] tile, ``g = -log_c(-log_c(u))``) or ``z`` (filtered rows: the pass
+  gives the top-ranked token, the max and the special cases). Each program writes its winner
+  to a [B, S] buffer (no atomics, no memset).
+- ``_sample_finish_kernel``, grid (B,): the max of the row's S partials is the token of greedy,
+  plain and special rows. A filtered row (0 < k < V or p < 1, finite max) is finished in this
+  one program: rank keys are the unique 50-bit ``(order(z) << 18) | (2**18 - 1 - j)``; the top-k
+  threshold (the k-th largest key) and the top-p threshold (the largest key c with
+  ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
+  found 3 bits per pass from exact integer counts / int64 sums (order-free), then one pass
+  draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _tl_exact as E
+from ._common import LAUNCH
+from .targets import TritonTarget
+
+MAX_VOCAB = 1 << 18
+#: tokens per tile of the split kernel (a multiple of 4: one Philox block serves four tokens)
+SPLIT_BLOCK = 1024
+#: the split kernel aims at about this many programs in all (B x S): many short programs (a few
+#: tiles each) keep the last wave on 132 SMs short
+PROGRAMS = 4096
+#: most programs per row (the finish kernel reads the row's partials as one tile of this size)
+MAX_SPLITS = 256
+#: tokens per tile of the filtered passes of the finish kernel
+FILTER_BLOCK = 512
+#: digit bits per selection pass, and the passes that cover the 50-bit rank key
+DIGIT_BITS = 4
+SELECT_PASSES = 13
+
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
+_IDX_BITS = tl.constexpr(18)
+_IDX_MASK = tl.constexpr((1 << 18) - 1)
+_CLASS_SHIFT = tl.constexpr(50)
+_INF_KEY = tl.constexpr(0x7F800000)
+_TWO_M24 = tl.constexpr(5.9604644775390625e-08)  # 2**-24, exact in fp32
+
+
+@triton.jit
+def _philox(ctr0, c1, c2, k0, k1):
+    """Philox4x32-10 of counters ``(ctr0, c1, c2, 0)`` (uint32 tensor, scalars), key ``(k0, k1)``."""
+    x0 = ctr0
+    x1 = tl.zeros_like(ctr0) + c1
+    x2 = tl.zeros_like(ctr0) + c2
+    x3 = tl.zeros_like(ctr0)
+    for i in tl.static_range(10):
+        # (high, low) words of x0 * M0 and x2 * M1 from exact 64-bit products (inlined: the
+        # interpreter pays per nested call)
+        pa = x0.to(tl.uint64) * _M0
+        pb = x2.to(tl.uint64) * _M1
+        x0, x1, x2, x3 = ((pb >> 32).to(tl.uint32) ^ x1) ^ k0, pb.to(tl.uint32), ((pa >> 32).to(tl.uint32) ^ x3) ^ k1, \
+            pa.to(tl.uint32)
+        k0 = k0 + _W0
+        k1 = k1 + _W1
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _gumbel_tile(blk0, R: tl.constexpr, seed, pos):
+    """Noise of the tokens ``4 * blk0 .. 4 * blk0 + 4R - 1`` as an fp32 [R, 4] tile (row-major)."""
+    rr = tl.arange(0, R)
+    cc = tl.arange(0, 4)[None, :]
+    w0, w1, w2, w3 = _philox((blk0 + rr).to(tl.uint32), pos.to(tl.uint32), (pos >> 32).to(tl.uint32),
+                             seed.to(tl.uint32), (seed >> 32).to(tl.uint32))
+    r = tl.where(cc == 0, w0[:, None], tl.where(cc == 1, w1[:, None], tl.where(cc == 2, w2[:, None], w3[:, None])))
+    u = ((r >> 9) * 2 + 1).to(tl.int32).to(tl.float32) * _TWO_M24  # exact: an integer < 2**24 times 2**-24
+    return -E.log_c(-E.log_c(u))
+
+
+@triton.jit
+def _order(s):
+    """Monotone non-negative int64 key of non-NaN fp32 ``s`` (-0 == +0; -inf -> 0), < 2**32:
+    ``max_key(s) + 0x7F800000`` (written out flat: the interpreter pays per nested call)."""
+    b = s.to(tl.int32, bitcast=True)
+    a = b & 0x7FFFFFFF
+    return tl.where(b < 0, -a, a).to(tl.int64) + _INF_KEY
+
+
+@triton.jit
+def _rank_key(z, j):
+    """The unique rank key ``(order(z) << 18) | (2**18 - 1 - j)``: larger = ranked earlier."""
+    b = z.to(tl.int32, bitcast=True)
+    a = b & 0x7FFFFFFF
+    return ((tl.where(b < 0, -a, a).to(tl.int64) + _INF_KEY) << _IDX_BITS) | (_IDX_MASK - j.to(tl.int64))
+
+
+@triton.jit
+def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, V, CHUNK, S,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    sp = tl.program_id(1)
+    tau = tl.load(tau_ptr + row)
+    k = tl.load(k_ptr + row)
+    p = tl.load(p_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    greedy = tau == 0.0
+    filtered = ((k > 0) & (k < V)) | (p < 1.0)
+    noise = (~greedy) & (~filtered)
+    tau_safe = tl.where(greedy, 1.0, tau)
+    x_row = x_ptr + row.to(tl.int64) * stride_x
+    R: tl.constexpr = BLOCK // 4
+    jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    best = tl.zeros([R, 4], tl.int64)
+    start = sp * CHUNK
+    end = tl.minimum(start + CHUNK, V)
+    for off in range(start, end, BLOCK):
+        j = off + jt
+        mask = j < end
+        x = E.upcast(tl.load(x_row + j, mask=mask, other=0.0))
+        z = tl.where(greedy, x, tl.math.div_rn(x, tau_safe))
+        if noise:
+            s = z + _gumbel_tile(off // 4, R, seed, pos)
+        else:
+            s = z
+        cls = tl.where(E.is_nan(z), 3, tl.where(E.f32_bits(z) == 0x7F800000, 2, 1)).to(tl.int64)
+        packed = (cls << _CLASS_SHIFT) | tl.where(cls == 1, _order(s) << _IDX_BITS, 0) | (_IDX_MASK - j.to(tl.int64))
+        best = tl.maximum(best, tl.where(mask, packed, 0))
+    tl.store(part_ptr + row.to(tl.int64) * S + sp, tl.max(tl.max(best, axis=1), axis=0))
+
+
+@triton.jit
+def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
+                NC: tl.constexpr):
+    """For the candidates ``c_d = L + (d << shift)``, d < NC: ``f(c_d)``, the count (USE_Q false)
+    or the exact int64 sum of ``q = RNE(exp_c(z - m) * 2**40)`` (USE_Q) of the live tokens
+    (``key >= lo_key``) with ``key >= c_d``; int64 [NC].
+
+    Only the window ``L <= key < L + (NC << shift)`` is visited: the live tokens above it add
+    ``base`` to every candidate (the caller knows it from the previous pass), those below add
+    nothing, so a tile without a window token skips exp_c and the candidate compares.
+    """
+    cols = tl.arange(0, BLOCK)
+    dd = tl.arange(0, NC).to(tl.int64)
+    cand = L + (dd << shift)
+    top = L + (tl.full([], NC, tl.int64) << shift)
+    acc = tl.zeros([NC], tl.int64) + base
+    for off in range(0, V, BLOCK):
+        j = off + cols
+        mask = j < V
+        z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+        key = _rank_key(z, j)
+        win = mask & (key >= lo_key) & (key >= L) & (key < top)
+        if tl.max(win.to(tl.int32), axis=0) != 0:
+            if USE_Q:
+                w = tl.where(win, E.to_fixed(E.exp_c(z - m), 0, 40), 0)
+            else:
+                w = win.to(tl.int64)
+            acc += tl.sum(tl.where(key[:, None] >= cand[None, :], w[:, None], 0), axis=0)
+    return acc
+
+
+@triton.jit
+def _select(x_row, V, tau, m, lo_key, target, pnum, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
+            DIGIT: tl.constexpr, PASSES: tl.constexpr):
+    """The largest key c with ``f(c) >= target`` (f: count or q-sum of the live keys >= c; f is
+    non-increasing and f(0) >= target), found DIGIT bits per pass, most significant first.
+    With USE_Q the target is the top-p cut ``floor(total * pnum / 2**24)`` (exact in int64),
+    total = f(0) from the first pass."""
+    NC: tl.constexpr = 1 << DIGIT
+    d = tl.arange(0, NC).to(tl.int64)
+    L = tl.zeros([], tl.int64)
+    base = tl.zeros([], tl.int64)
+    tgt = tl.zeros([], tl.int64) + target
+    for ps in range(PASSES):
+        shift = (PASSES - 1 - ps) * DIGIT
+        acc = _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q, BLOCK, NC)
+        if USE_Q:
+            if ps == 0:
+                total = tl.sum(tl.where(d == 0, acc, 0), axis=0)
+                tgt = (total >> 24) * pnum + (((total & 0xFFFFFF) * pnum) >> 24)
+        pick = tl.max(tl.where(acc >= tgt, d, 0), axis=0)
+        # the live tokens above the next window: f at the next candidate (or the same base)
+        base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
+        L = L + (pick << shift)
+    return L
+
+
+@triton.jit
+def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, out_ptr, V, S,
+                          S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                          PASSES: tl.constexpr):
+    row = tl.program_id(0)
+    si = tl.arange(0, S_BLOCK)
+    v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
+    tok = _IDX_MASK - (v & _IDX_MASK)
+    tau = tl.load(tau_ptr + row)
+    k = tl.load(k_ptr + row)
+    p = tl.load(p_ptr + row)
+    top_k = (k > 0) & (k < V)
+    top_p = p < 1.0
+    top_key = v - (tl.full([], 1, tl.int64) << _CLASS_SHIFT)  # class 1: the rank key of the top z
+    finite = ((v >> _CLASS_SHIFT) == 1) & ((top_key >> _IDX_BITS) != 0)
+    if (tau != 0.0) & (top_k | top_p) & finite:
+        seed = tl.load(seed_ptr + row)
+        pos = tl.load(pos_ptr + row)
+        x_row = x_ptr + row.to(tl.int64) * stride_x
+        m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
+        lo = tl.zeros([], tl.int64)
+        if top_k:
+            lo = _select(x_row, V, tau, m, lo, k, 0, False, BLOCK, DIGIT, PASSES)
+        thr = lo
+        if top_p:
+            pnum = E.to_fixed(p, 0, 24)
+            thr = tl.minimum(_select(x_row, V, tau, m, lo, 0, pnum, True, BLOCK, DIGIT, PASSES), top_key)
+        R: tl.constexpr = BLOCK // 4
+        jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        best = tl.full([R, 4], -1, tl.int64)
+        for off in range(0, V, BLOCK):
+            j = off + jt
+            mask = j < V
+            z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+            kept = mask & (_rank_key(z, j) >= thr)
+            if tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0) != 0:
+                s = z + _gumbel_tile(off // 4, R, seed, pos)
+                best = tl.maximum(best, tl.where(kept, _rank_key(s, j), -1))
+        tok = _IDX_MASK - (tl.max(tl.max(best, axis=1), axis=0) & _IDX_MASK)
+    tl.store(out_ptr + row, tok)
+
+
+def _chunking(b: int, v: int) -> tuple[int, int]:
+    """(S programs per row, tokens per program): shape-only, about PROGRAMS programs in all."""
+    blocks = triton.cdiv(v, SPLIT_BLOCK)
+    s = max(1, min(blocks, MAX_SPLITS, triton.cdiv(PROGRAMS, max(b, 1))))
+    per = triton.cdiv(blocks, s)
+    return triton.cdiv(blocks, per), per * SPLIT_BLOCK
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           seed: torch.Tensor, position: torch.Tensor, target: TritonTarget | None = None) -> torch.Tensor:
+    """One token per row: greedy where temperature is 0, else Gumbel-max over the top-k/top-p set.
+
+    Parameters
+    ----------
+    logits : Tensor, float32/bfloat16/float16, [B, V], V <= 2**18, unit stride along V
+    temperature : Tensor, float32, [B]
+    top_k : Tensor, int64, [B]
+    top_p : Tensor, float32, [B]
+    seed : Tensor, int64, [B]
+    position : Tensor, int64, [B]
+        Validated and broadcast by the public op (``rlkernel.ops.sample``).
+    target : TritonTarget, optional
+        Bound by the backend; the launch does not depend on it.
+
+    Returns
+    -------
+    Tensor, int64, [B]
+
+    Bitwise semantics
+    -----------------
+    Contract ``sample`` v1, steps 1-8: the argmax is an integer max of packed (class, monotone
+    score key, inverted index), so ties go to the lowest index and NaN / +inf rows take their
+    first such index; the top-k and top-p thresholds come from exact integer counts and int64
+    sums of ``q``, independent of the order in which tokens are visited. Two launches, no host
+    synchronisation (capturable in a CUDA graph).
+    """
+    b, v = logits.shape
+    if v > MAX_VOCAB:
+        raise ValueError(f"sample: V = {v} exceeds {MAX_VOCAB} (2**18, the exact top-p bound); "
+                         f"sample from a vocabulary shard's candidates")
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if b == 0:
+        return out
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
+    s, chunk = _chunking(b, v)
+    part = torch.empty((b, s), dtype=torch.int64, device=logits.device)
+    _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
+                                 **LAUNCH)
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, out, v, s, S_BLOCK=MAX_SPLITS,
+                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, num_warps=8,
+                                **LAUNCH)
+    return out
+
+
+def static_specs(target: TritonTarget):
+    specs = []
+    params = {"tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64",
+              "part_ptr": "*i64"}
+    for dt in ("fp32", "bf16", "fp16"):
+        specs.append(("sample", f"split_{dt}", _sample_split_kernel,
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "V": "i32", "CHUNK": "i32", "S": "i32",
+                       "BLOCK": "constexpr"},
+                      {"BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
+        specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "out_ptr": "*i64", "V": "i32", "S": "i32",
+                       "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr"},
+                      {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES},
+                      {"num_warps": 8}))
+    return specs
