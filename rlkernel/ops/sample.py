@@ -116,8 +116,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
               ("top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)"),
               ("position", pos_t < 0, pos_t, "a token position >= 0")]
     # one host synchronisation for the four value checks (a decode step pays each one); the
-    # messages come from the per-parameter checks, run only when something is wrong
-    if b and bool(torch.stack([bad.any() for _, bad, _, _ in checks]).any()):
+    # messages come from the per-parameter checks, run only when something is wrong. A CUDA-graph
+    # capture cannot read them: the capturing caller vouches for the values (rlkernel.rollout)
+    if b and not v.capturing(device) and bool(torch.stack([bad.any() for _, bad, _, _ in checks]).any()):
         for name, bad, t, expected in checks:
             _check_values(op, name, bad, t, expected)
     with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
