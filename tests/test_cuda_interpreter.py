@@ -254,6 +254,26 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     return records
 
 
+def run_split_checks() -> list[dict[str, Any]]:
+    """softmax / log_softmax golden cases with split rows at small sizes: 32-column tiles, and
+    chunks of several tiles (few programs wanted in all), so the three-launch path with partial
+    max keys, sums and flags runs with many and with few programs per row."""
+    from rlkernel.backends.triton import softmax
+
+    saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS)
+    records = []
+    try:
+        for programs in (1 << 20, 3):
+            softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = 32, programs
+            for name in ("softmax", "log_softmax"):
+                for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
+                    rec["case"] = f"{name}/programs{programs}/{rec['case']}"
+                    records.append(rec)
+    finally:
+        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
+    return records
+
+
 def cuda_contract_modules() -> list[str]:
     """Contract modules with a Triton kernel in the CUDA KERNELS table (module order); the
     ``torch_exact`` ops are the generic backend's code, tested on the CPU by the cpu backend."""
@@ -280,6 +300,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_primitive_checks()
         elif name == "small_tiles":
             out[name] = run_tiling_checks()
+        elif name == "small_split":
+            out[name] = run_split_checks()
         else:
             try:
                 out[name] = run_op_checks(name)
@@ -293,7 +315,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles"]
+OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split"]
 
 
 @pytest.fixture(scope="module")
