@@ -271,7 +271,25 @@ def run_split_checks() -> list[dict[str, Any]]:
                     records.append(rec)
     finally:
         softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
+    records.append(_embedding_bad_id_check())
     return records
+
+
+def _embedding_bad_id_check() -> dict[str, Any]:
+    """``embedding``'s in-kernel id check: the public op on the cuda kernel names the first bad id."""
+    from rlkernel.dispatch import use_backend
+    from rlkernel.public import public_op
+
+    rec: dict[str, Any] = {"case": "embedding/bad_id", "op": "embedding", "kind": "error"}
+    weight = torch.arange(40, dtype=torch.float32).reshape(10, 4).to(torch.bfloat16)
+    try:
+        with use_backend("cuda"):
+            public_op("embedding")(ids=torch.tensor([[0, 3], [12, -1]]), weight=weight)
+        rec.update(status="fail", detail="no error for ids 12 and -1 with V = 10")
+    except ValueError as exc:
+        ok = "ids holds 12 at index (1, 0); expected 0 <= id < V = 10" in str(exc)
+        rec.update(status="pass" if ok else "fail", detail="" if ok else str(exc))
+    return rec
 
 
 def cuda_contract_modules() -> list[str]:
