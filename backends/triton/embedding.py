@@ -2,11 +2,12 @@
 
 The kernel checks the ids itself, so the launch needs no range check on the host (which took
 four extra launches and a sync): an id outside ``[0, V)`` never reads outside the table (its
-output row is the canonical NaN) and the first such token index is recorded, with an integer
-``atomic_min``, in a one-word error buffer. Eager, the launcher reads that word once after the
-kernel and raises :class:`rlkernel._validate.IdOutOfRange`; under CUDA-graph capture it reads
-nothing (the capturing caller vouches for the ids, as the public op documents). The kernel
-copies bits (NaN payloads are replaced by the canonical NaN of the dtype, P8).
+output row is the canonical NaN) and is counted, by an integer ``atomic_add``, in a one-word
+error buffer. Eager, the launcher reads that word once after the kernel and, only when it is not
+zero, finds the first bad id and raises :class:`rlkernel._validate.IdOutOfRange`; under
+CUDA-graph capture it reads nothing (the capturing caller vouches for the ids, as the public op
+documents). The kernel copies bits (NaN payloads are replaced by the canonical NaN of the dtype,
+P8).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _embedding_fwd_kernel(ids_ptr, w_ptr, y_ptr, err_ptr, vocab, hidden, w_row_s
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(ids_ptr + i).to(tl.int64)
     ok = (row >= 0) & (row < vocab)
-    if not ok:
-        tl.atomic_min(err_ptr, i)
+    if not ok:  # a count (integer add: native on every target; min is a compare-and-swap loop on gfx90a)
+        tl.atomic_add(err_ptr, 1)
     row = tl.where(ok, row, 0)
     cols = tl.arange(0, BLOCK)
     if OUT == 1:
@@ -57,14 +58,17 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty((length, hidden), dtype=weight.dtype, device=weight.device)
     if length == 0 or hidden == 0:
         return out
-    err = torch.full((1,), length, dtype=torch.int64, device=weight.device)
+    if length >= 1 << 31:
+        raise ValueError(f"embedding: {length} ids; expected fewer than 2**31 (the error count is int32); "
+                         f"split the ids into batches")
+    err = torch.zeros(1, dtype=torch.int32, device=weight.device)
     block = pow2_block(hidden, 16, 4096)
     _embedding_fwd_kernel[(length,)](ids.contiguous(), weight, out, err, weight.shape[0], hidden, weight.stride(0),
                                      weight.stride(1), OUT=OUT_CODE[weight.dtype], BLOCK=block, num_warps=4, **LAUNCH)
     if not v.capturing(weight.device):
-        bad = int(err[0])  # the one host read: an 8-byte copy after the kernel
-        if bad < length:
-            raise v.IdOutOfRange("embedding", bad)
+        if int(err[0]):  # the one host read: a 4-byte copy after the kernel
+            bad = ((ids < 0) | (ids >= weight.shape[0])).nonzero()  # only when there is an error
+            raise v.IdOutOfRange("embedding", int(bad[0, 0]))
     return out
 
 
@@ -74,7 +78,7 @@ embedding.checks_ids = True  # type: ignore[attr-defined]
 
 def static_specs(target):
     return [("embedding", dt, _embedding_fwd_kernel,
-             {"ids_ptr": "*i64", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "err_ptr": "*i64", "vocab": "i64",
+             {"ids_ptr": "*i64", "w_ptr": f"*{dt}", "y_ptr": f"*{dt}", "err_ptr": "*i32", "vocab": "i64",
               "hidden": "i32", "w_row_stride": "i64", "w_col_stride": "i64", "OUT": "constexpr",
               "BLOCK": "constexpr"}, {"OUT": code, "BLOCK": 4096})
             for dt, code in (("bf16", 1), ("fp16", 2), ("fp32", 0))]
