@@ -67,3 +67,12 @@ def capturing(device: torch.device) -> bool:
 def contiguous(t: torch.Tensor) -> torch.Tensor:
     """Non-contiguous inputs are accepted and copied to a contiguous layout (documented per op)."""
     return t if t.is_contiguous() else t.contiguous()
+
+
+class IdOutOfRange(ValueError):
+    """Raised by a kernel that checks gathered ids itself (``embedding`` on Triton): ``index`` is
+    the flat index of the first id outside ``[0, V)``; the public op turns it into its message."""
+
+    def __init__(self, op: str, index: int) -> None:
+        super().__init__(f"{op}: the id at flat index {index} is outside [0, V)")
+        self.index = index

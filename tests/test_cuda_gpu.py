@@ -169,3 +169,35 @@ def test_sample_captures_in_cuda_graphs_and_matches_generic() -> None:
         eager = S.sample(*args)
         _assert_bitwise(generic_sample(*args), eager, f"sample B={b} vs generic")
         _assert_bitwise(eager, _graph_replay(lambda a=args: S.sample(*a)), f"sample B={b} graph")
+def test_membound_ops_capture_in_cuda_graphs() -> None:
+    """softmax / log_softmax over a vocabulary (the three-launch split path), silu_mul and
+    embedding launch without host reads under capture and replay with the reference's bits."""
+    from rlkernel import ops
+    from rlkernel.contracts import embedding as ce
+    from rlkernel.contracts import log_softmax as cl
+    from rlkernel.contracts import silu_mul as cm
+    from rlkernel.contracts import softmax as cs
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2, 151936, generator=g, device="cuda") * 3
+    x[1, 7] = float("nan")
+    for fn, ref, what in ((ops.softmax, cs.reference, "softmax"), (ops.log_softmax, cl.reference, "log_softmax")):
+        _assert_bitwise(ref(x.cpu()), _graph_replay(lambda fn=fn: fn(x)).cpu(), f"{what} graph replay")
+    gate = torch.randn(1, 12288, generator=g, device="cuda").to(torch.bfloat16)
+    up = torch.randn(1, 12288, generator=g, device="cuda").to(torch.bfloat16)
+    _assert_bitwise(cm.reference(gate.cpu(), up.cpu()), _graph_replay(lambda: ops.silu_mul(gate, up)).cpu(),
+                    "silu_mul graph replay")
+    w = torch.randn(1000, 256, generator=g, device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, 1000, (5,), generator=g, device="cuda")
+    _assert_bitwise(ce.reference(ids.cpu(), w.cpu()), _graph_replay(lambda: ops.embedding(ids, w)).cpu(),
+                    "embedding graph replay")
+
+
+def test_embedding_bad_id_is_a_value_error_on_the_gpu() -> None:
+    """The id range check runs in the kernel (no host pre-check): the error still names the id."""
+    from rlkernel import ops
+
+    w = torch.zeros(10, 4, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"ids holds 12 at index \(1, 0\); expected 0 <= id < V = 10"):
+        ops.embedding(torch.tensor([[0, 3], [12, -1]], device="cuda"), w)
+    assert ops.embedding(torch.tensor([1, 2], device="cuda"), w).shape == (2, 4)  # the context is usable

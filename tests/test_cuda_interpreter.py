@@ -14,7 +14,8 @@ listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
 loops, more vocabulary ranges, 16-query x 32-key attention tiles), and the small ``sample`` cases
-with 8-token split tiles (many programs per row), which must not move a bit.
+with 8-token split tiles (many programs per row), which must not move a bit;
+``small_split``: softmax's split rows with chunks of several tiles, and embedding's id check.
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -276,6 +277,43 @@ def run_sample_split_checks() -> list[dict[str, Any]]:
     return records
 
 
+def run_split_checks() -> list[dict[str, Any]]:
+    """softmax / log_softmax golden cases with split rows of few programs: 32-column tiles and
+    three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
+    the same split path with one tile per program); plus embedding's in-kernel id check."""
+    from rlkernel.backends.triton import softmax
+
+    saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS)
+    records = []
+    try:
+        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = 32, 3
+        for name in ("softmax", "log_softmax"):
+            for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
+                rec["case"] = f"{name}/{rec['case']}"
+                records.append(rec)
+    finally:
+        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
+    records.append(_embedding_bad_id_check())
+    return records
+
+
+def _embedding_bad_id_check() -> dict[str, Any]:
+    """``embedding``'s in-kernel id check: the public op on the cuda kernel names the first bad id."""
+    from rlkernel.dispatch import use_backend
+    from rlkernel.public import public_op
+
+    rec: dict[str, Any] = {"case": "embedding/bad_id", "op": "embedding", "kind": "error"}
+    weight = torch.arange(40, dtype=torch.float32).reshape(10, 4).to(torch.bfloat16)
+    try:
+        with use_backend("cuda"):
+            public_op("embedding")(ids=torch.tensor([[0, 3], [12, -1]]), weight=weight)
+        rec.update(status="fail", detail="no error for ids 12 and -1 with V = 10")
+    except ValueError as exc:
+        ok = "ids holds 12 at index (1, 0); expected 0 <= id < V = 10" in str(exc)
+        rec.update(status="pass" if ok else "fail", detail="" if ok else str(exc))
+    return rec
+
+
 def cuda_contract_modules() -> list[str]:
     """Contract modules with a Triton kernel in the CUDA KERNELS table (module order); the
     ``torch_exact`` ops are the generic backend's code, tested on the CPU by the cpu backend."""
@@ -302,6 +340,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_primitive_checks()
         elif name == "small_tiles":
             out[name] = run_tiling_checks()
+        elif name == "small_split":
+            out[name] = run_split_checks()
         else:
             try:
                 out[name] = run_op_checks(name)
@@ -315,7 +355,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles"]
+OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split"]
 
 
 @pytest.fixture(scope="module")

@@ -143,7 +143,10 @@ def test_exact_sequences_pass(arch: str) -> None:
 
 def test_scanner_rules_on_text() -> None:
     head = ".amdhsa_float_denorm_mode_32 3\n.amdhsa_float_denorm_mode_16_64 3\n"
-    bad = {"fp32-fma": ["v_fma_mix_f32 v3, v2, v9, v4 op_sel_hi:[1,1,0]", "v_pk_fma_f32 v[0:1], v[2:3], v[4:5], v[6:7]",
+    bad = {"fp32-fma": ["v_fma_mix_f32 v3, v2, v9, v4 op_sel_hi:[1,1,0]",
+                        "v_fma_mix_f32 v2, -v0, 2.0, v19 op_sel_hi:[0,1,1]",
+                        "v_fma_mixlo_f16 v2, -v0, 1.0, v19 op_sel_hi:[0,1,1]",
+                        "v_pk_fma_f32 v[0:1], v[2:3], v[4:5], v[6:7]",
                         "v_mad_f32 v1, v2, v3, v4", "v_fmaak_f32 v1, v2, v3, 0x3f800000"],
            "approx-transcendental": ["v_log_f32_e32 v1, v2", "v_sin_f32_e32 v1, v2"],
            "approx-rcp": ["v_rcp_f32_e32 v1, v2", "v_rcp_iflag_f32_e32 v1, v2"],
@@ -156,6 +159,7 @@ def test_scanner_rules_on_text() -> None:
             assert rule in {f.split(":")[0] for f in R.scan_amdgcn(head + "\t" + line + "\n")}, line
     good = ["v_fma_mix_f32 v3, v2, v9, neg(0) op_sel_hi:[1,1,0]",
             "v_fma_mixlo_f16 v4, v0, v55, neg(0) op_sel_hi:[0,1,0]", "global_atomic_add_x2 v0, v[1:2], s[0:1]",
+            "v_fma_mix_f32 v2, -v0, 1.0, v19 op_sel_hi:[0,1,1]",
             "v_mfma_i32_32x32x16_i8 v[0:15], v[24:25], v[20:21], 0",
             "v_add_f32_e32 v1, v2, v3", "v_mul_f32_e32 v1, v2, v3", "; v_exp_f32 in a comment"]
     for line in good:

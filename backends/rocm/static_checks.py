@@ -10,7 +10,9 @@ for what would break R1-R3 (docs/numerics.md) on AMD hardware:
   allowed only inside the three sequences below, which LLVM emits for exact operations.
   ``v_fma_mix_f32`` / ``v_fma_mixlo_f16`` with the addend ``neg(0)`` are products, not sums
   (LLVM selects them for ``fmul`` / ``fptrunc(fmul)`` of f16-extended operands: one f32
-  rounding, then the conversion); any other addend is a contraction.
+  rounding, then the conversion); ``v_fma_mix_f32`` with a factor ``1.0`` is a sum (``fsub`` /
+  ``fadd`` of an f16-extended operand: the product is exact, one f32 rounding); any other
+  addend is a contraction.
 - ``approx-rcp`` / ``approx-sqrt`` / ``approx-transcendental`` / ``approx-rsq``: no ``v_exp_f32``,
   ``v_log_f32``, ``v_sin/cos``, ``v_rsq_*``, ``v_rcp_*`` or ``v_sqrt_*`` except inside:
 
@@ -191,7 +193,11 @@ def scan_amdgcn(amdgcn: str, *, digit_gemm: bool = False, llir: str = "", shared
                 findings.append(f"fp32-fma: {ins.line}")
         elif _MIX.match(mn):
             addend = ops[3].split()[0] if len(ops) >= 4 and ops[3].split() else ""
-            if addend not in ("neg(0)", "-0"):
+            factors = [o.split()[0].lstrip("-") for o in ops[1:3] if o.split()]
+            # a * 1.0 + c with an fp32 result is the IEEE addition a + c (the product is exact):
+            # LLVM selects it for fp32(half) - fp32 (softmax's x - m on fp16 input)
+            unit_add = mn == "v_fma_mix_f32" and "1.0" in factors
+            if addend not in ("neg(0)", "-0") and not unit_add:
                 findings.append(f"fp32-fma: {ins.line}")
         elif _TRANSCENDENTAL.match(mn):
             findings.append(f"approx-transcendental: {ins.line}")

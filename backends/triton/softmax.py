@@ -2,8 +2,23 @@
 
 Per row: R5 max (integer keys, NaN flag), ``d = x - m``, ``p = exp_c(d)``, ``L`` the exact
 int64 sum of ``RNE(p * 2**40)`` (absolute grid: p <= 1), then ``p ÷ L`` or ``d - log_c(L)``.
-One program per row; rows up to ``MAX_BLOCK`` stay in registers, longer rows (vocabularies)
-loop over tiles in three passes (max, sum, output), recomputing exp_c instead of storing p.
+
+Rows up to ``MAX_BLOCK`` stay in the registers of one program per row (one launch). Longer rows
+(vocabularies) are split over ``S`` programs of ``chunk`` columns each, grid ``(rows, S)``, in
+three launches (the sum needs the exact row max, the output needs ``L``):
+
+1. ``_split_max_kernel``: each chunk's max as an int32 order key (``NAN_KEY`` if it holds a NaN,
+   above every real key) to ``keys[row, s]``;
+2. ``_split_sum_kernel``: the row max from the ``S`` keys (integer max: order-free), the
+   chunk's int64 sum of ``RNE(exp_c(x - m) * 2**40)`` to ``sums[row, s]`` and its non-finite
+   flags to ``flags[row, s]``;
+3. ``_split_out_kernel``: ``L`` from the ``S`` sums (exact int64 addition, any order) and
+   flags, then the chunk's outputs.
+
+The partials are written, not accumulated: every buffer is ``torch.empty`` (no fill launch, no
+atomics), the launches read nothing on the host, so the op captures in CUDA graphs. The bits
+are the contract's whatever ``S`` and the chunk: the max and the sum are exact integer
+reductions.
 """
 
 from __future__ import annotations
@@ -13,75 +28,147 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, pow2_block, warps_for
+from ._common import LAUNCH, OUT_CODE, cdiv, pow2_block, warps_for
 
 MAX_N = 1 << 22
+#: rows up to this length run one program per row, in registers
 MAX_BLOCK = 4096
+#: split rows: columns a program handles per loop step, and its warps
+SPLIT_TILE = 2048
+SPLIT_WARPS = 8
+#: split rows: aim at this many programs in all (several per SM of a 132-SM H200); the chunk of a
+#: program is a whole number of tiles, so short batches get many programs per row and long
+#: batches few
+SPLIT_PROGRAMS = 1024
+#: partials (keys / sums / flags of a row) are reduced this many at a time
+PART_BLOCK = 128
+#: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
+NAN_KEY = 0x7FFFFFFF
 
 
 @triton.jit
-def _row_max(x_row, n, cols, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    """R5 max of a row (NaN if any NaN; a zero max is +0) from integer order keys."""
-    if SINGLE:
-        mask = cols < n
-        x = E.upcast(tl.load(x_row + cols, mask=mask, other=0.0))
-        keys = tl.where(mask, E.max_key(x), -2147483647)
-        nan = (E.is_nan(x) & mask).to(tl.int32)
-    else:
-        keys = tl.full([BLOCK], -2147483647, tl.int32)
-        nan = tl.zeros([BLOCK], tl.int32)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            x = E.upcast(tl.load(x_row + start + cols, mask=mask, other=0.0))
-            keys = tl.maximum(keys, tl.where(mask & ~E.is_nan(x), E.max_key(x), -2147483647))
-            nan = nan | (E.is_nan(x) & mask).to(tl.int32)
-    keys = tl.where(nan != 0, -2147483647, keys)
-    m = E.key_to_f32(tl.max(keys, axis=0))
-    any_nan = tl.max(nan, axis=0)
-    return tl.where(any_nan != 0, E.canonical_nan_f32(m), m)
-
-
-@triton.jit
-def _softmax_fwd_kernel(x_ptr, y_ptr, n, x_row_stride, y_row_stride,
-                        LOG: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+def _softmax_row_kernel(x_ptr, y_ptr, n, x_row_stride, y_row_stride,
+                        LOG: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    """One row of at most BLOCK columns, in registers."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
     cols = tl.arange(0, BLOCK)
-    m = _row_max(x_row, n, cols, BLOCK, SINGLE)
-    if SINGLE:
-        mask = cols < n
-        x = E.upcast(tl.load(x_row + cols, mask=mask, other=0.0))
-        d = x - m
-        p = E.exp_c(d)
-        flags = E.special_sum_code(p, mask)
-        total = tl.sum(tl.where(mask, E.to_fixed(p, 0, 40), 0), axis=0)
-        big_l = E.apply_special(E.from_fixed(total, 0, 40), E.or_reduce_flags(flags))
-        if LOG:
-            y = d - E.log_c(big_l)
-        else:
-            y = tl.math.div_rn(p, big_l)
-        tl.store(y_row + cols, E.cast_out(y, OUT), mask=mask)
+    mask = cols < n
+    x = E.upcast(tl.load(x_row + cols, mask=mask, other=0.0))
+    keys = tl.where(mask, E.max_key(x), -2147483647)
+    nan = (E.is_nan(x) & mask).to(tl.int32)
+    keys = tl.where(nan != 0, -2147483647, keys)
+    m = E.key_to_f32(tl.max(keys, axis=0))
+    m = tl.where(tl.max(nan, axis=0) != 0, E.canonical_nan_f32(m), m)
+    d = x - m
+    p = E.exp_c(d)
+    flags = E.special_sum_code(p, mask)
+    total = tl.sum(tl.where(mask, E.to_fixed(p, 0, 40), 0), axis=0)
+    big_l = E.apply_special(E.from_fixed(total, 0, 40), E.or_reduce_flags(flags))
+    if LOG:
+        y = d - E.log_c(big_l)
     else:
-        acc = tl.zeros([BLOCK], tl.int64)
-        flags = tl.zeros([BLOCK], tl.int32)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            x = E.upcast(tl.load(x_row + start + cols, mask=mask, other=0.0))
-            p = E.exp_c(x - m)
-            flags = flags | E.special_sum_code(p, mask)
-            acc += tl.where(mask, E.to_fixed(p, 0, 40), 0)
-        big_l = E.apply_special(E.from_fixed(tl.sum(acc, axis=0), 0, 40), E.or_reduce_flags(flags))
-        log_l = E.log_c(big_l)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            x = E.upcast(tl.load(x_row + start + cols, mask=mask, other=0.0))
-            d = x - m
-            if LOG:
-                y = d - log_l
-            else:
-                y = tl.math.div_rn(E.exp_c(d), big_l)
-            tl.store(y_row + start + cols, E.cast_out(y, OUT), mask=mask)
+        y = tl.math.div_rn(p, big_l)
+    tl.store(y_row + cols, E.cast_out(y, OUT), mask=mask)
+
+
+@triton.jit
+def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.constexpr):
+    """keys[row, s] = the R5 max key of columns [s * chunk, (s + 1) * chunk), NAN_KEY if a NaN is there."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    x_row = x_ptr + row * x_row_stride
+    cols = tl.arange(0, TILE)
+    start = s * chunk
+    keys = tl.full([TILE], -2147483647, tl.int32)
+    nan = tl.zeros([TILE], tl.int32)
+    for t in range(0, chunk, TILE):
+        idx = start + t + cols
+        mask = idx < n
+        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
+        keys = tl.maximum(keys, tl.where(mask & ~E.is_nan(x), E.max_key(x), -2147483647))
+        nan = nan | (E.is_nan(x) & mask).to(tl.int32)
+    key = tl.max(keys, axis=0)
+    key = tl.where(tl.max(nan, axis=0) != 0, 0x7FFFFFFF, key)
+    tl.store(keys_ptr + row * S + s, key)
+
+
+@triton.jit
+def _row_max_of_keys(keys_row, S, PART: tl.constexpr):
+    """The row max (fp32; canonical NaN if any chunk held a NaN) from its S chunk keys."""
+    ps = tl.arange(0, PART)
+    best = tl.full([PART], -2147483647, tl.int32)
+    for s0 in range(0, S, PART):
+        best = tl.maximum(best, tl.load(keys_row + s0 + ps, mask=s0 + ps < S, other=-2147483647))
+    key = tl.max(best, axis=0)
+    m = E.key_to_f32(key)
+    return tl.where(key == 0x7FFFFFFF, E.canonical_nan_f32(m), m)
+
+
+@triton.jit
+def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chunk, S,
+                      TILE: tl.constexpr, PART: tl.constexpr):
+    """sums[row, s] = the int64 sum of RNE(exp_c(x - m) * 2**40) over the chunk; flags[row, s] its
+    non-finite bookkeeping (``special_sum_code``, OR-reduced)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    x_row = x_ptr + row * x_row_stride
+    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
+    cols = tl.arange(0, TILE)
+    start = s * chunk
+    acc = tl.zeros([TILE], tl.int64)
+    flags = tl.zeros([TILE], tl.int32)
+    for t in range(0, chunk, TILE):
+        idx = start + t + cols
+        mask = idx < n
+        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
+        p = E.exp_c(x - m)
+        flags = flags | E.special_sum_code(p, mask)
+        acc += tl.where(mask, E.to_fixed(p, 0, 40), 0)
+    tl.store(sums_ptr + row * S + s, tl.sum(acc, axis=0))
+    tl.store(flags_ptr + row * S + s, E.or_reduce_flags(flags))
+
+
+@triton.jit
+def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, y_row_stride, chunk, S,
+                      LOG: tl.constexpr, OUT: tl.constexpr, TILE: tl.constexpr, PART: tl.constexpr):
+    """The chunk's outputs, ``L`` from the row's S partial sums (exact) and flags."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    x_row = x_ptr + row * x_row_stride
+    y_row = y_ptr + row * y_row_stride
+    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
+    ps = tl.arange(0, PART)
+    tot = tl.zeros([PART], tl.int64)
+    fl = tl.zeros([PART], tl.int32)
+    for s0 in range(0, S, PART):
+        pmask = s0 + ps < S
+        tot += tl.load(sums_ptr + row * S + s0 + ps, mask=pmask, other=0)
+        fl = fl | tl.load(flags_ptr + row * S + s0 + ps, mask=pmask, other=0)
+    big_l = E.apply_special(E.from_fixed(tl.sum(tot, axis=0), 0, 40), E.or_reduce_flags(fl))
+    log_l = E.log_c(big_l)
+    cols = tl.arange(0, TILE)
+    start = s * chunk
+    for t in range(0, chunk, TILE):
+        idx = start + t + cols
+        mask = idx < n
+        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
+        d = x - m
+        if LOG:
+            y = d - log_l
+        else:
+            y = tl.math.div_rn(E.exp_c(d), big_l)
+        tl.store(y_row + idx, E.cast_out(y, OUT), mask=mask)
+
+
+def split_plan(rows: int, n: int) -> tuple[int, int, int]:
+    """``(tile, chunk, S)`` of a split row: chunk a multiple of tile, S = cdiv(n, chunk) programs per row."""
+    tile = min(SPLIT_TILE, MAX_BLOCK)
+    tiles = cdiv(n, tile)
+    per_row = max(1, cdiv(SPLIT_PROGRAMS, rows))
+    chunk = tile * cdiv(tiles, min(tiles, per_row))
+    return tile, chunk, cdiv(n, chunk)
 
 
 def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tensor:
@@ -95,10 +182,23 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         return out
     x2 = x.contiguous().reshape(-1, n)
     y2 = out.view(-1, n)
-    block = pow2_block(n, 16, MAX_BLOCK)
-    _softmax_fwd_kernel[(x2.shape[0],)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log,
-                                        OUT=OUT_CODE[out_dtype], BLOCK=block, SINGLE=n <= block,
-                                        num_warps=warps_for(block), **LAUNCH)
+    rows = x2.shape[0]
+    if n <= MAX_BLOCK:
+        block = pow2_block(n, 16, MAX_BLOCK)
+        _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
+                                     BLOCK=block, num_warps=warps_for(block), **LAUNCH)
+        return out
+    tile, chunk, parts = split_plan(rows, n)
+    grid = (rows, parts)
+    keys = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
+    sums = torch.empty((rows, parts), dtype=torch.int64, device=x.device)
+    flags = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
+    warps = SPLIT_WARPS if tile == SPLIT_TILE else 1
+    _split_max_kernel[grid](x2, keys, n, x2.stride(0), chunk, parts, TILE=tile, num_warps=warps, **LAUNCH)
+    _split_sum_kernel[grid](x2, keys, sums, flags, n, x2.stride(0), chunk, parts, TILE=tile, PART=PART_BLOCK,
+                            num_warps=warps, **LAUNCH)
+    _split_out_kernel[grid](x2, y2, keys, sums, flags, n, x2.stride(0), y2.stride(0), chunk, parts, LOG=log,
+                            OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK, num_warps=warps, **LAUNCH)
     return out
 
 
@@ -114,14 +214,24 @@ def log_softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
 
 def static_specs(target):
     specs = []
-    for log in (False, True):
-        for dt, code in (("bf16", 1), ("fp16", 2), ("fp32", 0)):
-            for single in (True, False):
-                specs.append(("log_softmax" if log else "softmax", f"{dt}_{'single' if single else 'looped'}",
-                              _softmax_fwd_kernel,
-                              {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "n": "i32", "x_row_stride": "i64",
-                               "y_row_stride": "i64", "LOG": "constexpr", "OUT": "constexpr", "BLOCK": "constexpr",
-                               "SINGLE": "constexpr"},
-                              {"LOG": log, "OUT": code, "BLOCK": MAX_BLOCK, "SINGLE": single},
-                              {"num_warps": warps_for(MAX_BLOCK)}))
+    split = {"n": "i32", "x_row_stride": "i64", "chunk": "i32", "S": "i32", "TILE": "constexpr"}
+    for dt, code in (("bf16", 1), ("fp16", 2), ("fp32", 0)):
+        specs.append(("softmax", f"{dt}_split_max", _split_max_kernel,
+                      {"x_ptr": f"*{dt}", "keys_ptr": "*i32", **split}, {"TILE": SPLIT_TILE},
+                      {"num_warps": SPLIT_WARPS}))
+        specs.append(("softmax", f"{dt}_split_sum", _split_sum_kernel,
+                      {"x_ptr": f"*{dt}", "keys_ptr": "*i32", "sums_ptr": "*i64", "flags_ptr": "*i32", **split,
+                       "PART": "constexpr"}, {"TILE": SPLIT_TILE, "PART": PART_BLOCK}, {"num_warps": SPLIT_WARPS}))
+        for log in (False, True):
+            name = "log_softmax" if log else "softmax"
+            specs.append((name, f"{dt}_row", _softmax_row_kernel,
+                          {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "n": "i32", "x_row_stride": "i64",
+                           "y_row_stride": "i64", "LOG": "constexpr", "OUT": "constexpr", "BLOCK": "constexpr"},
+                          {"LOG": log, "OUT": code, "BLOCK": MAX_BLOCK}, {"num_warps": warps_for(MAX_BLOCK)}))
+            specs.append((name, f"{dt}_split_out", _split_out_kernel,
+                          {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "keys_ptr": "*i32", "sums_ptr": "*i64",
+                           "flags_ptr": "*i32", "y_row_stride": "i64", **split, "LOG": "constexpr",
+                           "OUT": "constexpr", "PART": "constexpr"},
+                          {"LOG": log, "OUT": code, "TILE": SPLIT_TILE, "PART": PART_BLOCK},
+                          {"num_warps": SPLIT_WARPS}))
     return specs

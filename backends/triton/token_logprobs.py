@@ -28,12 +28,15 @@ from rlkernel import dispatch
 
 from . import _tl_exact as E
 from . import linear as L
-from ._common import LAUNCH, f32_bits
+from ._common import LAUNCH, cdiv, f32_bits
 from .targets import TritonTarget
 
 MAX_VOCAB = 1 << 22
 #: bytes of fp32 logits one token chunk may hold ([chunk, V])
 LOGITS_BUDGET = 128 << 20
+#: (BLOCK, num_warps) of the per-token pass over a stored logits row: wide, because a short chunk
+#: (decode: one token) is a handful of programs, each streaming a 600 KB row twice (eb11ee3)
+ROW_TILE = (4096, 16)
 
 
 @triton.jit
@@ -156,7 +159,7 @@ class _Plan:
             m = torch.empty(self.t, dtype=torch.float32, device=dev)
         any_out = next(x for x in (key, s) if x is not None)
         tgt = targets if targets is not None else any_out
-        block = 32 if L.SMALL_TILES else 1024
+        block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
         for t0 in range(0, self.t, self.chunk):
             rows = min(self.chunk, self.t - t0)
             y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew, target=self.target)  # [rows, V] fp32
@@ -164,7 +167,7 @@ class _Plan:
                 y, y.stride(0), tgt, m if m is not None else y, key if key is not None else any_out,
                 nan if nan is not None else any_out, s if s is not None else any_out,
                 zt if zt is not None else any_out, bad if bad is not None else any_out,
-                t0, self.v, vocab_start, self.tau_bits, PHASE=phase, BLOCK=block, num_warps=4, **LAUNCH)
+                t0, self.v, vocab_start, self.tau_bits, PHASE=phase, BLOCK=block, num_warps=warps, **LAUNCH)
             del y  # the next chunk reuses its memory: one chunk of logits at a time
         if phase == 1:
             assert key is not None and nan is not None
@@ -182,7 +185,7 @@ def _finish(mode: int, zt: torch.Tensor, m: torch.Tensor | None, s: torch.Tensor
     if t == 0:
         return out
     block = 1024
-    _tlp_finish_kernel[(triton.cdiv(t, block),)](
+    _tlp_finish_kernel[(cdiv(t, block),)](
         zt.contiguous(), m if m is not None else zt, s.contiguous() if s is not None else zt,
         owner if owner is not None else zt, out, t, MODE=mode, BLOCK=block, num_warps=4, **LAUNCH)
     return out
@@ -242,7 +245,7 @@ def static_specs(target: TritonTarget):
                        "nan_ptr": "*i32", "sum_ptr": "*i64", "zt_ptr": "*i32", "bad_ptr": "*i32", "row0": "i32",
                        "V": "i32", "vocab_start": "i64", "tau_bits": "i32", "PHASE": "constexpr",
                        "BLOCK": "constexpr"},
-                      {"PHASE": phase, "BLOCK": 1024}))
+                      {"PHASE": phase, "BLOCK": ROW_TILE[0]}, {"num_warps": ROW_TILE[1]}))
     for mode in (0, 1, 2):
         specs.append(("token_logprobs", f"finish_mode{mode}", _tlp_finish_kernel,
                       {"zt_ptr": "*fp32", "m_ptr": "*fp32", "sum_ptr": "*i64", "owner_ptr": "*i32",

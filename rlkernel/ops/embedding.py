@@ -30,6 +30,14 @@ class EmbeddingFunction(torch.autograd.Function):
         return None, grads.weight_grad(ctx.weight, grad.to(torch.float32), index=flat)
 
 
+def _range_error(op: str, ids: torch.Tensor, flat: torch.Tensor, i: int, vocab: int) -> ValueError:
+    """The error for the id at flat index ``i`` of ``ids`` (outside ``[0, vocab)``)."""
+    where = tuple(int(c) for c in torch.unravel_index(torch.tensor(i), ids.shape)) if ids.dim() else ()
+    return ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
+                      f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
+                      f"vocabulary size against the embedding table")
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Gather rows of an embedding table, bit for bit.
 
@@ -75,17 +83,19 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     device = v.same_device(op, [("ids", ids), ("weight", weight)])
     vocab, hidden = weight.shape
     flat = ids.reshape(ids.numel())
-    if flat.numel() and not v.capturing(device):  # a CUDA-graph capture cannot read ids on the host
+    # Triton kernels check the ids themselves (no host sync); elsewhere the host checks them, except
+    # under a CUDA-graph capture, which cannot read ids on the host
+    in_kernel = getattr(dispatch.select(op, device).kernel(op), "checks_ids", False)
+    if flat.numel() and not in_kernel and not v.capturing(device):
         bad = (flat < 0) | (flat >= vocab)
         if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            where = tuple(int(c) for c in torch.unravel_index(torch.tensor(i), ids.shape)) if ids.dim() else ()
-            raise ValueError(f"{op}: ids holds {int(flat[i])} at index {where}; expected 0 <= id < V = {vocab} "
-                             f"(the number of rows of weight). Negative ids are not wrapped; check the tokenizer's "
-                             f"vocabulary size against the embedding table")
+            raise _range_error(op, ids, flat, int(bad.nonzero()[0, 0]), vocab)
     flat = flat.to(torch.int64)  # kernels receive int64 ids
-    if weight.requires_grad and torch.is_grad_enabled():
-        out = EmbeddingFunction.apply(flat, weight)
-    else:
-        out = dispatch.call(op, device, ids=flat, weight=weight)
+    try:
+        if weight.requires_grad and torch.is_grad_enabled():
+            out = EmbeddingFunction.apply(flat, weight)
+        else:
+            out = dispatch.call(op, device, ids=flat, weight=weight)
+    except v.IdOutOfRange as exc:
+        raise _range_error(op, ids, flat, exc.index, vocab) from None
     return out.reshape(*ids.shape, hidden)
