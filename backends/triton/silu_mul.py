@@ -13,7 +13,7 @@ from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE, cdiv
 
 #: elements per program: 16 per thread on 4 warps (two 16-byte loads of each bf16 input in flight)
-BLOCK = 2048
+BLOCK = 1024
 
 
 @triton.jit
