@@ -13,7 +13,10 @@ op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the
 listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
-loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit.
+loops, more vocabulary ranges, 16-query x 32-key attention tiles, one key tile per
+``attention_paged`` split), which must not move a bit; and ``attention_paged_splits``: every
+``attention_paged`` case and invariance with one key tile per split and the scores recomputed in
+pass 2 (many programs per sequence merged by integer atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -122,8 +125,10 @@ def force_cuda_backend_on_cpu() -> None:
     registry._probes["cuda"] = (True, "Triton interpreter on the CPU (test)")
 
 
-def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Every small case of one contract module through the CUDA kernels vs the reference."""
+def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
+                  only_op: str | None = None) -> list[dict[str, Any]]:
+    """Every small case of one contract module (only op ``only_op`` if given) through the CUDA kernels
+    vs the reference."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
     from rlkernel.dispatch import trace, use_backend
@@ -143,7 +148,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
     for case in bit_cases(module, full=False):
         op = op_of(module, case)
         rec: dict[str, Any] = {"case": case.name, "op": op, "kind": case.kind}
-        if golden_only and case.kind != "golden":
+        if (golden_only and case.kind != "golden") or (only_op is not None and op != only_op):
             continue
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -169,6 +174,8 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
 
     for inv in [] if golden_only else invariance_cases(module, full=False):
         op = op_of(module, inv)
+        if only_op is not None and op != only_op:
+            continue
         rec = {"case": inv.name, "op": op, "kind": "invariance"}
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -239,10 +246,12 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16x32 (query x key) tiles in
     attention. The bits must not move: tiling is free because every sum is an integer sum."""
-    from rlkernel.backends.triton import attention, linear, rms_norm, softmax
+    from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
-    saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES)
+    saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
+             attention_paged.SMALL_SPLITS)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
+    attention_paged.SMALL_SPLITS = True
     records = []
     try:
         for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention"):
@@ -250,8 +259,23 @@ def run_tiling_checks() -> list[dict[str, Any]]:
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)
     finally:
-        rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = saved
+        (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
+         attention_paged.SMALL_SPLITS) = saved
     return records
+
+
+def run_paged_split_checks() -> list[dict[str, Any]]:
+    """``attention_paged``'s golden, adversarial and invariance cases with one key tile per split
+    (many programs per sequence, merged by the integer atomics) and the scores recomputed in pass 2
+    instead of stored (the path of large scratch sizes). The bits must not move."""
+    from rlkernel.backends.triton import attention_paged
+
+    saved = (attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES)
+    attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = True, 0
+    try:
+        return run_op_checks("attention", only_op="attention_paged")
+    finally:
+        attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = saved
 
 
 def cuda_contract_modules() -> list[str]:
@@ -278,6 +302,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
     for name in modules:
         if name == "primitives":
             out[name] = run_primitive_checks()
+        elif name == "attention_paged_splits":
+            out[name] = run_paged_split_checks()
         elif name == "small_tiles":
             out[name] = run_tiling_checks()
         else:
@@ -293,7 +319,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles"]
+OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "attention_paged_splits"]
 
 
 @pytest.fixture(scope="module")

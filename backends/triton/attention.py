@@ -60,6 +60,13 @@ def _row_digits(v, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _fold5(l0, l1, l2, l3, l4):
+    """The exact int64 ``sum_k l_k * 128**k`` of five int32 digit-product levels."""
+    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+
+
+@triton.jit
 def _dot9(a0, a1, a2, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
     """Exact int64 ``A @ B`` from three int8 digits of each operand (levels in int32)."""
     l0 = tl.dot(a0, b0, out_dtype=tl.int32)
@@ -71,8 +78,26 @@ def _dot9(a0, a1, a2, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
     l3 = tl.dot(a1, b2, out_dtype=tl.int32)
     l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
     l4 = tl.dot(a2, b2, out_dtype=tl.int32)
-    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+    return _fold5(l0, l1, l2, l3, l4)
+
+
+@triton.jit
+def _dot9_levels(a0, a1, a2, b0, b1, b2, l0, l1, l2, l3, l4):
+    """``A @ B`` from three int8 digits of each operand added to five int32 level accumulators.
+
+    A level of one product of K-wide digit tiles is at most ``3 * K * 64**2`` in magnitude, so
+    int32 levels stay exact over ``2**31 / (3 * K * 4096)`` such products (5461 for K = 32).
+    """
+    l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+    l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+    l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+    l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+    l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+    l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+    l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+    return l0, l1, l2, l3, l4
 
 
 @triton.jit
@@ -142,20 +167,33 @@ def _row_ref(best, best_c, nanf, e_big):
 
 
 @triton.jit
-def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
-             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One key tile of pass 2: (L terms [M], O_hi [M, D], O_lo [M, D], NaN-p flag [M]), exact integers."""
+def _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero):
+    """p = exp_c(s - ref) of one key tile: (L terms [M], R [M, N] int64, NaN-p flag [M])."""
     p = E.exp_c(s - ref[:, None])
     p = tl.where(allowed, p, 0.0)
     pnan = E.is_nan(p)
     pbad = tl.max((pnan & allowed).to(tl.int32), axis=1)
     p = tl.where(pnan, 0.0, p)
-    vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
-                          mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
-    ev, v_bad, v_zero, vd0, vd1, vd2 = _row_digits(vt, 1)
     contrib = allowed & ~v_zero[None, :]
     r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 40), 0)
     dl = tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
+    return dl, r, pbad
+
+
+@triton.jit
+def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok):
+    """V rows ``rows`` [N, D] on their grids: (exponent, non-finite, zero, three int8 digits)."""
+    vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
+                          mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
+    return _row_digits(vt, 1)
+
+
+@triton.jit
+def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One key tile of pass 2: (L terms [M], O_hi [M, D], O_lo [M, D], NaN-p flag [M]), exact integers."""
+    ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+    dl, r, pbad = _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero)
     hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
     o_hi = _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
     ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))

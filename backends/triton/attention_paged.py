@@ -29,7 +29,8 @@ from rlkernel import dispatch
 
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE, f32_bits
-from .attention import _key_rows, _pv_tile, _q_rows, _row_ref, _score_tile, _tiles, _v_row_stats
+from .attention import (_dot9_levels, _fold5, _key_rows, _p_tile, _q_rows, _row_ref, _score_tile, _tiles,
+                        _v_row_stats, _v_tile_digits)
 from .targets import TritonTarget
 
 #: interpreter tests: one key tile per split (many splits at small contexts)
@@ -158,9 +159,12 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
         ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
         rn = tl.arange(0, BLOCK_N)
         big_l = tl.zeros([BLOCK_M], tl.int64)
-        o_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
-        o_lo = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
+        # O_hi and O_lo as five int32 digit-product levels each, folded once after the range
+        # (_splits keeps the key tiles of a split within the exact range of _dot9_levels)
+        h0 = tl.zeros([BLOCK_M, BLOCK_D], tl.int32)
+        h1, h2, h3, h4 = h0, h0, h0, h0
+        l0, l1, l2, l3, l4 = h0, h0, h0, h0, h0
         for j0 in range(j_lo, j_hi, BLOCK_N):
             pos = j0 + rn
             pos_ok = pos < lk
@@ -172,12 +176,16 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
                 s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
                                 BLOCK_M, BLOCK_N)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            dl, dhi, dlo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
-                                          BLOCK_M, BLOCK_D)
+            ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+            dl, r, dbad = _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero)
             big_l += dl
-            o_hi += dhi
-            o_lo += dlo
             pbad = tl.maximum(pbad, dbad)
+            hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
+            h0, h1, h2, h3, h4 = _dot9_levels(hd0, hd1, hd2, vd0, vd1, vd2, h0, h1, h2, h3, h4)
+            ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
+            l0, l1, l2, l3, l4 = _dot9_levels(ld0, ld1, ld2, vd0, vd1, vd2, l0, l1, l2, l3, l4)
+        o_hi = _fold5(h0, h1, h2, h3, h4)
+        o_lo = _fold5(l0, l1, l2, l3, l4)
         base = acc_ptr + grow * acc_stride
         od = q_ok[:, None] & d_ok[None, :]
         tl.atomic_add(base[:, None] + rd[None, :], o_hi, mask=od)
@@ -211,13 +219,17 @@ def _finish_kernel(acc_ptr, o_ptr, n_rows, hq, so_t, so_h, D, acc_stride,
     tl.store(o_ptr + t[:, None] * so_t + h[:, None] * so_h + rd[None, :], E.cast_out(out, OUT), mask=od)
 
 
-def _splits(n_tiles: int, programs: int, device: torch.device, target: TritonTarget) -> tuple[int, int]:
-    """(n_split, key tiles per split) from shapes: about ``split_k_waves`` programs per SM."""
+def _splits(n_tiles: int, bn: int, programs: int, device: torch.device, target: TritonTarget) -> tuple[int, int]:
+    """(n_split, key tiles per split) from shapes: about ``split_k_waves`` programs per SM, and at
+    most as many tiles per split as int32 digit-product levels hold exactly (``_dot9_levels``:
+    one tile's level is at most ``3 * bn * 64**2``)."""
     if SMALL_SPLITS:
-        return max(1, n_tiles), 1
+        return n_tiles, 1
+    max_tiles = (2**31 - 1) // (3 * bn * 64 * 64)
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    want = max(1, min(n_tiles, triton.cdiv(target.split_k_waves * sms, max(1, programs))))
+    want = max(1, min(n_tiles, triton.cdiv(target.split_k_waves * sms, max(1, programs))),
+               triton.cdiv(n_tiles, max_tiles))
     per = triton.cdiv(n_tiles, want)
     return triton.cdiv(n_tiles, per), per
 
@@ -264,7 +276,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     max_keys = table.shape[1] * bs
     n_tiles = max(1, triton.cdiv(max_keys, bn))
     m_blocks = triton.cdiv(max_lq * group, bm)
-    n_split, per = _splits(n_tiles, m_blocks * n_seq * hkv, q.device, target)
+    n_split, per = _splits(n_tiles, bn, m_blocks * n_seq * hkv, q.device, target)
     s_width = n_tiles * bn
     store_s = tq * hq * s_width * 4 <= STORE_S_MAX_BYTES
     acc_w = 2 * bd + _EXTRA
@@ -275,9 +287,9 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             table.stride(0), bs, d, group, hq, f32_bits(scale), n_split, per * bn, s_width, acc_w)
     consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
     grid = (m_blocks, n_seq, hkv * n_split)
-    opts = {"num_warps": warps, "num_stages": target.attention_stages, **LAUNCH}
-    _stats_kernel[grid](*args, **consts, **opts)
-    _sums_kernel[grid](*args, **consts, **opts)
+    _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
+    _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
+                       num_stages=target.attention_stages, **LAUNCH)
     br = 16
     _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w,
                                                OUT=OUT_CODE[q.dtype], BLOCK_R=br, BLOCK_D=bd,
@@ -287,6 +299,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def static_specs(target: TritonTarget):
     options = {"num_warps": target.attention_warps, "num_stages": target.attention_stages}
+    sums_options = dict(options, num_warps=max(target.attention_warps, target.attention_sums_warps))
     specs = []
     for dt in ("bf16", "fp16"):
         sig = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "s_ptr": "*fp32", "acc_ptr": "*i64",
@@ -301,7 +314,7 @@ def static_specs(target: TritonTarget):
                 consts = {"STORE_S": store_s, "CAUSAL": True, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_D": 128}
                 tag = f"{dt}_d128_m{bm}" + ("" if store_s else "_recompute")
                 specs.append(("attention_paged", f"stats_{tag}", _stats_kernel, sig, consts, options))
-                specs.append(("attention_paged", f"sums_{tag}", _sums_kernel, sig, consts, options))
+                specs.append(("attention_paged", f"sums_{tag}", _sums_kernel, sig, consts, sums_options))
         specs.append(("attention_paged", f"finish_{dt}_d128", _finish_kernel,
                       {"acc_ptr": "*i64", "o_ptr": f"*{dt}", "n_rows": "i32", "hq": "i32", "so_t": "i64",
                        "so_h": "i64", "D": "i32", "acc_stride": "i32", "OUT": "constexpr", "BLOCK_R": "constexpr",
