@@ -39,10 +39,18 @@ SMALL_SPLITS = False
 STORE_S_MAX_BYTES = 512 << 20
 
 # accumulator columns after the two O limbs (2 * BLOCK_D columns): L, then the maxima and flags
-_C_L, _C_BEST, _C_BESTC, _C_NAN, _C_EBIG, _C_VBAD, _C_PBAD = 0, 1, 2, 3, 4, 5, 6
+_C_L = tl.constexpr(0)
+_C_BEST = tl.constexpr(1)
+_C_BESTC = tl.constexpr(2)
+_C_NAN = tl.constexpr(3)
+_C_EBIG = tl.constexpr(4)
+_C_VBAD = tl.constexpr(5)
+_C_PBAD = tl.constexpr(6)
 _EXTRA = 8
-_KEY_OFF = 2147483648  # int32 order keys >= -2**31 + 1 stored as key + 2**31 >= 1; 0 = no key
-_E_OFF = 1073741824  # V exponents > -2**30 stored as e + 2**30 > 0; 0 = no row
+#: int32 order keys >= -2**31 + 1 stored as key + 2**31 >= 1; 0 = no key
+_KEY_OFF = tl.constexpr(2147483648)
+#: V exponents > -2**30 stored as e + 2**30 > 0; 0 = no row
+_E_OFF = tl.constexpr(1073741824)
 
 
 @triton.jit
