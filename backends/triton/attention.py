@@ -167,17 +167,23 @@ def _row_ref(best, best_c, nanf, e_big):
 
 
 @triton.jit
-def _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero):
-    """p = exp_c(s - ref) of one key tile: (L terms [M], R [M, N] int64, NaN-p flag [M])."""
+def _p_tile(s, allowed, ref):
+    """p = exp_c(s - ref) of one key tile (0 where not allowed or NaN) and the NaN-p flag [M]."""
     p = E.exp_c(s - ref[:, None])
     p = tl.where(allowed, p, 0.0)
     pnan = E.is_nan(p)
     pbad = tl.max((pnan & allowed).to(tl.int32), axis=1)
     p = tl.where(pnan, 0.0, p)
+    return p, pbad
+
+
+@triton.jit
+def _p_grids(p, allowed, e_l, e_row, ev, v_zero):
+    """p on its grids: (L terms [M] int64, R [M, N] int64; 0 for zero V rows)."""
     contrib = allowed & ~v_zero[None, :]
     r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 40), 0)
     dl = tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
-    return dl, r, pbad
+    return dl, r
 
 
 @triton.jit
@@ -192,8 +198,9 @@ def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok):
 def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One key tile of pass 2: (L terms [M], O_hi [M, D], O_lo [M, D], NaN-p flag [M]), exact integers."""
+    p, pbad = _p_tile(s, allowed, ref)
     ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
-    dl, r, pbad = _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero)
+    dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
     hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
     o_hi = _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
     ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))

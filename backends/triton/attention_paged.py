@@ -29,8 +29,19 @@ from rlkernel import dispatch
 
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE, f32_bits
-from .attention import (_dot9_levels, _fold5, _key_rows, _p_tile, _q_rows, _row_ref, _score_tile, _tiles,
-                        _v_row_stats, _v_tile_digits)
+from .attention import (
+    _dot9_levels,
+    _fold5,
+    _key_rows,
+    _p_grids,
+    _p_tile,
+    _q_rows,
+    _row_ref,
+    _score_tile,
+    _tiles,
+    _v_row_stats,
+    _v_tile_digits,
+)
 from .targets import TritonTarget
 
 #: interpreter tests: one key tile per split (many splits at small contexts)
@@ -184,8 +195,9 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
                 s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
                                 BLOCK_M, BLOCK_N)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+            p, dbad = _p_tile(s, allowed, ref)
             ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
-            dl, r, dbad = _p_tile(s, allowed, ref, e_l, e_row, ev, v_zero)
+            dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
             big_l += dl
             pbad = tl.maximum(pbad, dbad)
             hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
