@@ -22,8 +22,10 @@ dim) is one tile, so every row exponent (of a q, k or v row) is exact:
   IEEE division), cast.
 
 Every sum is an integer sum, so the key tiling (BLOCK_N), the paging (block size) and the
-position of a sequence in the batch cannot change a bit. ``attention_paged`` reads keys through
-the block table (``PAGED``); otherwise the two are the same kernel.
+position of a sequence in the batch cannot change a bit. ``attention_paged`` (attention_paged.py)
+runs the same tile pieces (``_q_rows``, ``_score_tile``, ``_v_row_stats``, ``_row_ref``,
+``_p_tile``, ``_p_grids``) with the keys split over programs; the kernel here keeps its ``PAGED``
+branch (keys read through a block table), which no launcher uses now.
 """
 
 from __future__ import annotations
