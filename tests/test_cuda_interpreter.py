@@ -126,9 +126,9 @@ def force_cuda_backend_on_cpu() -> None:
 
 
 def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
-                  only_op: str | None = None) -> list[dict[str, Any]]:
-    """Every small case of one contract module (only op ``only_op`` if given) through the CUDA kernels
-    vs the reference."""
+                  only_op: str | None = None, also_invariances: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every small case of one contract module through the CUDA kernels vs the reference; with
+    ``only_op``, the cases of that op and the invariance checks of kinds ``also_invariances``."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
     from rlkernel.dispatch import trace, use_backend
@@ -174,7 +174,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
 
     for inv in [] if golden_only else invariance_cases(module, full=False):
         op = op_of(module, inv)
-        if only_op is not None and op != only_op:
+        if only_op is not None and op != only_op and inv.invariance not in also_invariances:
             continue
         rec = {"case": inv.name, "op": op, "kind": "invariance"}
         if op not in KERNELS:
@@ -273,7 +273,8 @@ def run_paged_split_checks() -> list[dict[str, Any]]:
     saved = (attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES)
     attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = True, 0
     try:
-        return run_op_checks("attention", only_op="attention_paged")
+        # the kv_split invariance compares attention with attention_paged at block sizes 1, 16, 64
+        return run_op_checks("attention", only_op="attention_paged", also_invariances=("kv_split",))
     finally:
         attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = saved
 
