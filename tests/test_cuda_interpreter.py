@@ -13,9 +13,12 @@ op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the
 listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
-loops, more vocabulary ranges, 16-query x 32-key attention tiles), and the small ``sample`` cases
-with 8-token split tiles (many programs per row), which must not move a bit;
-``small_split``: softmax's split rows with chunks of several tiles, and embedding's id check.
+loops, more vocabulary ranges, 16-query x 32-key attention tiles, one key tile per
+``attention_paged`` split), and the small ``sample`` cases with 8-token split tiles (many programs
+per row), which must not move a bit; ``small_split``: softmax's split rows with chunks of several
+tiles, and embedding's id check; and ``attention_paged_splits``: every ``attention_paged`` case and
+invariance with one key tile per split and the scores recomputed in pass 2 (many programs per
+sequence merged by integer atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -125,8 +128,10 @@ def force_cuda_backend_on_cpu() -> None:
 
 
 def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
-                  skip_invariance: bool = False) -> list[dict[str, Any]]:
-    """Every small case of one contract module through the CUDA kernels vs the reference."""
+                  skip_invariance: bool = False, only_op: str | None = None,
+                  also_invariances: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every small case of one contract module through the CUDA kernels vs the reference; with
+    ``only_op``, the cases of that op and the invariance checks of kinds ``also_invariances``."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
     from rlkernel.dispatch import trace, use_backend
@@ -146,7 +151,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
     for case in bit_cases(module, full=False):
         op = op_of(module, case)
         rec: dict[str, Any] = {"case": case.name, "op": op, "kind": case.kind}
-        if golden_only and case.kind != "golden":
+        if (golden_only and case.kind != "golden") or (only_op is not None and op != only_op):
             continue
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -172,6 +177,8 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
 
     for inv in [] if golden_only or skip_invariance else invariance_cases(module, full=False):
         op = op_of(module, inv)
+        if only_op is not None and op != only_op and inv.invariance not in also_invariances:
+            continue
         rec = {"case": inv.name, "op": op, "kind": "invariance"}
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -242,10 +249,12 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16x32 (query x key) tiles in
     attention. The bits must not move: tiling is free because every sum is an integer sum."""
-    from rlkernel.backends.triton import attention, linear, rms_norm, softmax
+    from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
-    saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES)
+    saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
+             attention_paged.SMALL_SPLITS)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
+    attention_paged.SMALL_SPLITS = True
     records = []
     try:
         for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention"):
@@ -253,7 +262,8 @@ def run_tiling_checks() -> list[dict[str, Any]]:
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)
     finally:
-        rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = saved
+        (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
+         attention_paged.SMALL_SPLITS) = saved
     records.extend(run_sample_split_checks())
     return records
 
@@ -314,6 +324,21 @@ def _embedding_bad_id_check() -> dict[str, Any]:
     return rec
 
 
+def run_paged_split_checks() -> list[dict[str, Any]]:
+    """``attention_paged``'s golden, adversarial and invariance cases with one key tile per split
+    (many programs per sequence, merged by the integer atomics) and the scores recomputed in pass 2
+    instead of stored (the path of large scratch sizes). The bits must not move."""
+    from rlkernel.backends.triton import attention_paged
+
+    saved = (attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES)
+    attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = True, 0
+    try:
+        # the kv_split invariance compares attention with attention_paged at block sizes 1, 16, 64
+        return run_op_checks("attention", only_op="attention_paged", also_invariances=("kv_split",))
+    finally:
+        attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = saved
+
+
 def cuda_contract_modules() -> list[str]:
     """Contract modules with a Triton kernel in the CUDA KERNELS table (module order); the
     ``torch_exact`` ops are the generic backend's code, tested on the CPU by the cpu backend."""
@@ -338,6 +363,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
     for name in modules:
         if name == "primitives":
             out[name] = run_primitive_checks()
+        elif name == "attention_paged_splits":
+            out[name] = run_paged_split_checks()
         elif name == "small_tiles":
             out[name] = run_tiling_checks()
         elif name == "small_split":
@@ -355,7 +382,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split"]
+OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "attention_paged_splits"]
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,10 @@ dim) is one tile, so every row exponent (of a q, k or v row) is exact:
   IEEE division), cast.
 
 Every sum is an integer sum, so the key tiling (BLOCK_N), the paging (block size) and the
-position of a sequence in the batch cannot change a bit. ``attention_paged`` reads keys through
-the block table (``PAGED``); otherwise the two are the same kernel.
+position of a sequence in the batch cannot change a bit. ``attention_paged`` (attention_paged.py)
+runs the same tile pieces (``_q_rows``, ``_score_tile``, ``_v_row_stats``, ``_row_ref``,
+``_p_tile``, ``_p_grids``) with the keys split over programs; the kernel here keeps its ``PAGED``
+branch (keys read through a block table), which no launcher uses now.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ def _row_digits(v, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _fold5(l0, l1, l2, l3, l4):
+    """The exact int64 ``sum_k l_k * 128**k`` of five int32 digit-product levels."""
+    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+
+
+@triton.jit
 def _dot9(a0, a1, a2, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
     """Exact int64 ``A @ B`` from three int8 digits of each operand (levels in int32)."""
     l0 = tl.dot(a0, b0, out_dtype=tl.int32)
@@ -71,8 +80,26 @@ def _dot9(a0, a1, a2, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
     l3 = tl.dot(a1, b2, out_dtype=tl.int32)
     l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
     l4 = tl.dot(a2, b2, out_dtype=tl.int32)
-    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28)
+    return _fold5(l0, l1, l2, l3, l4)
+
+
+@triton.jit
+def _dot9_levels(a0, a1, a2, b0, b1, b2, l0, l1, l2, l3, l4):
+    """``A @ B`` from three int8 digits of each operand added to five int32 level accumulators.
+
+    A level of one product of K-wide digit tiles is at most ``3 * K * 64**2`` in magnitude, so
+    int32 levels stay exact over ``2**31 / (3 * K * 4096)`` such products (5461 for K = 32).
+    """
+    l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+    l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+    l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+    l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+    l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+    l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+    l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+    return l0, l1, l2, l3, l4
 
 
 @triton.jit
@@ -83,6 +110,104 @@ def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl
         return blk * block_size + pos % block_size
     else:
         return (k0 + pos).to(tl.int64)
+
+
+@triton.jit
+def _q_rows(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The packed query rows of block ``mb`` of KV head ``g``: indices, masks and q digits."""
+    row = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = query index * group + head in group
+    qi = row // group  # segment-local query index
+    hh = g * group + row % group  # query head
+    q_ok = qi < lq
+    rd = tl.arange(0, BLOCK_D)
+    d_ok = rd < D
+    qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + hh[:, None] * sq_h + rd[None, :],
+                          mask=q_ok[:, None] & d_ok[None, :], other=0.0))
+    eq, q_bad, q_zero, qd0, qd1, qd2 = _row_digits(qv, 1)
+    eq_safe = tl.where(q_bad, 0, eq)
+    return qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad
+
+
+@triton.jit
+def _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Scores [BLOCK_M, BLOCK_N] of the q rows against key rows ``rows`` (NaN for non-finite rows)."""
+    kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
+                          mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
+    ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
+    c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
+    y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
+    y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
+    return y * scale
+
+
+@triton.jit
+def _v_row_stats(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok):
+    """Per V row: max finite magnitude bits (0: zero row), non-finite flag, exponent."""
+    vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
+                          mask=pos_ok[:, None] & d_ok[None, :], other=0.0))  # [N, D]
+    fin = E.is_finite(vt)
+    vtop = tl.max(tl.where(fin, E.abs_bits(vt), 0), axis=1)
+    vbad = tl.max((~fin).to(tl.int32), axis=1) != 0
+    ev = E.expo_from_abs_bits(vtop)
+    return vtop, vbad, ev
+
+
+@triton.jit
+def _row_ref(best, best_c, nanf, e_big):
+    """(ref, e_l, E) of rows from the pass-1 maxima (order keys, NaN flag, max V exponent)."""
+    m = E.key_to_f32(best)
+    m = tl.where(nanf != 0, E.canonical_nan_f32(m), m)
+    # the reference max: the largest key with a non-zero V row, at most 64 nats below m
+    c_max = tl.where(best_c == -2147483647, float("-inf"), E.key_to_f32(best_c))
+    ref = tl.maximum(c_max, m - 64.0)
+    ref = tl.where(m != m, m, ref)  # NaN propagates
+    top = E.exp_c(m - ref)
+    e_l = tl.where(E.is_finite(top), E.expo_f32(tl.where(E.is_finite(top), top, 1.0)), 1)
+    e_row = tl.where(e_big == -1073741824, 0, e_big)
+    return ref, e_l, e_row
+
+
+@triton.jit
+def _p_tile(s, allowed, ref):
+    """p = exp_c(s - ref) of one key tile (0 where not allowed or NaN) and the NaN-p flag [M]."""
+    p = E.exp_c(s - ref[:, None])
+    p = tl.where(allowed, p, 0.0)
+    pnan = E.is_nan(p)
+    pbad = tl.max((pnan & allowed).to(tl.int32), axis=1)
+    p = tl.where(pnan, 0.0, p)
+    return p, pbad
+
+
+@triton.jit
+def _p_grids(p, allowed, e_l, e_row, ev, v_zero):
+    """p on its grids: (L terms [M] int64, R [M, N] int64; 0 for zero V rows)."""
+    contrib = allowed & ~v_zero[None, :]
+    r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 40), 0)
+    dl = tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
+    return dl, r
+
+
+@triton.jit
+def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok):
+    """V rows ``rows`` [N, D] on their grids: (exponent, non-finite, zero, three int8 digits)."""
+    vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
+                          mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
+    return _row_digits(vt, 1)
+
+
+@triton.jit
+def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One key tile of pass 2: (L terms [M], O_hi [M, D], O_lo [M, D], NaN-p flag [M]), exact integers."""
+    p, pbad = _p_tile(s, allowed, ref)
+    ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+    dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
+    hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
+    o_hi = _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+    ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
+    o_lo = _dot9(ld0, ld1, ld2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+    return dl, o_hi, o_lo, pbad
 
 
 @triton.jit
@@ -104,16 +229,8 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
         lk = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
     if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
-        row = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = query index * group + head in group
-        qi = row // group  # segment-local query index
-        hh = g * group + row % group  # query head
-        q_ok = qi < lq
-        rd = tl.arange(0, BLOCK_D)
-        d_ok = rd < D
-        qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + hh[:, None] * sq_h + rd[None, :],
-                              mask=q_ok[:, None] & d_ok[None, :], other=0.0))
-        eq, q_bad, q_zero, qd0, qd1, qd2 = _row_digits(qv, 1)
-        eq_safe = tl.where(q_bad, 0, eq)
+        qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
+            q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
         if CAUSAL:
             limit = lk - lq + qi  # last allowed key per row
             kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
@@ -132,36 +249,18 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             pos = j0 + rn
             pos_ok = pos < lk
             rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-            kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
-                                  mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
-            ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
-            c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
-            y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
-            y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
-            s = y * scale
+            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                            BLOCK_M, BLOCK_N)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
             nan = E.is_nan(s)
             best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
             nanf = tl.maximum(nanf, tl.max((allowed & nan).to(tl.int32), axis=1))
-            vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
-                                  mask=pos_ok[:, None] & d_ok[None, :], other=0.0))  # [N, D]
-            fin = E.is_finite(vt)
-            vtop = tl.max(tl.where(fin, E.abs_bits(vt), 0), axis=1)
-            vbad = tl.max((~fin).to(tl.int32), axis=1) != 0
-            ev = E.expo_from_abs_bits(vtop)
+            vtop, vbad, ev = _v_row_stats(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
             contrib = allowed & (vtop != 0)[None, :]
             best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
             e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
             vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
-        m = E.key_to_f32(best)
-        m = tl.where(nanf != 0, E.canonical_nan_f32(m), m)
-        # the reference max: the largest key with a non-zero V row, at most 64 nats below m
-        c_max = tl.where(best_c == -2147483647, float("-inf"), E.key_to_f32(best_c))
-        ref = tl.maximum(c_max, m - 64.0)
-        ref = tl.where(m != m, m, ref)  # NaN propagates
-        top = E.exp_c(m - ref)
-        e_l = tl.where(E.is_finite(top), E.expo_f32(tl.where(E.is_finite(top), top, 1.0)), 1)
-        e_row = tl.where(e_big == -1073741824, 0, e_big)
+        ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
 
         # ---- pass 2: p = exp_c(s - ref); L and O as exact integer sums -------------------------
         big_l = tl.zeros([BLOCK_M], tl.int64)
@@ -172,29 +271,15 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             pos = j0 + rn
             pos_ok = pos < lk
             rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-            kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
-                                  mask=pos_ok[None, :] & d_ok[:, None], other=0.0))
-            ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
-            c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
-            y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
-            y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
-            s = y * scale
+            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                            BLOCK_M, BLOCK_N)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            p = E.exp_c(s - ref[:, None])
-            p = tl.where(allowed, p, 0.0)
-            pnan = E.is_nan(p)
-            pbad = tl.maximum(pbad, tl.max((pnan & allowed).to(tl.int32), axis=1))
-            p = tl.where(pnan, 0.0, p)
-            vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
-                                  mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
-            ev, v_bad, v_zero, vd0, vd1, vd2 = _row_digits(vt, 1)
-            contrib = allowed & ~v_zero[None, :]
-            r = tl.where(contrib, E.to_fixed(p, tl.where(contrib, e_row[:, None] - ev[None, :], 0), 40), 0)
-            big_l += tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
-            hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
-            o_hi += _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
-            ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
-            o_lo += _dot9(ld0, ld1, ld2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+            dl, dhi, dlo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
+                                          BLOCK_M, BLOCK_D)
+            big_l += dl
+            o_hi += dhi
+            o_lo += dlo
+            pbad = tl.maximum(pbad, dbad)
 
         num = E.int2_to_out(o_hi, o_lo, 20, (e_row - 60)[:, None], 0)
         den = E.int64_to_out(big_l, e_l - 40, 0)
@@ -262,19 +347,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
                    scale, causal, paged=False, target=target)
 
 
-def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens_k: torch.Tensor, cu_seqlens_q: torch.Tensor, scale: float | None = None,
-                    causal: bool = True, *, target: TritonTarget) -> torch.Tensor:
-    """Kernel ``attention_paged``: k/v cache [num_blocks, block_size, Hkv, D] read through ``block_table``."""
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    nb, bs, hkv, d = k_cache.shape
-    kc = k_cache.contiguous().view(nb * bs, hkv, d)  # rows = block * block_size + slot
-    vc = v_cache.contiguous().view(nb * bs, hkv, d)
-    dispatch.note_kernel("triton-paged")
-    return _launch(q, kc, vc, cu_seqlens_q.contiguous(), None, seq_lens_k.contiguous(), block_table.contiguous(),
-                   bs, hkv, scale, causal, paged=True, target=target)
-
-
 def static_specs(target: TritonTarget):
     options = {"num_warps": target.attention_warps, "num_stages": target.attention_stages}
     # prefill blocks: the launch's 32 rows; the CUDA checks keep the 64 rows of the sm_90 report
@@ -282,8 +354,8 @@ def static_specs(target: TritonTarget):
     block_m = 64 if target.name == "cuda" else _tiles(128, 64, target)[0]
     specs = []
     for dt in ("bf16", "fp16"):
-        for paged in (False, True):
-            specs.append(("attention" if not paged else "attention_paged", f"{dt}_d128", _attention_fwd_kernel,
+        for paged in (False,):  # attention_paged runs attention_paged.py's split-KV kernels
+            specs.append(("attention", f"{dt}_d128", _attention_fwd_kernel,
                           {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}",
                            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "lens_k_ptr": "*i32", "table_ptr": "*i32",
                            "sq_t": "i64", "sq_h": "i64", "sk_t": "i64", "sk_h": "i64", "sv_t": "i64", "sv_h": "i64",
@@ -296,7 +368,7 @@ def static_specs(target: TritonTarget):
     # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
     name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64, target)[2]), options))
-    # decode: 16 packed rows (one token x the query heads of a KV head), paged
-    name, _, fn, sig, consts, _ = specs[1]
+    # decode through packed sequences: 16 packed rows (one token x the query heads of a KV head)
+    name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16), options))
     return specs

@@ -41,6 +41,8 @@ class TritonTarget:
     #: attention: warps of a 16-row (decode) block and of a 32-row block; pipeline stages
     attention_warps: int
     attention_stages: int
+    #: attention_paged's pass-2 kernel: warps / wavefronts (it holds ten int32 [BLOCK_M, D] level accumulators)
+    attention_sums_warps: int
 
 
 CUDA = TritonTarget(
@@ -51,6 +53,10 @@ CUDA = TritonTarget(
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
     attention_warps=4, attention_stages=1,
+    # ten int32 [16, 128] accumulators are 160 registers a thread at 4 warps; ptxas (sm_90a) for
+    # the decode specialisation: 4 warps 255 registers + 600 B stack, 8 warps 255 + 296 B, 16 warps
+    # 128 registers and no spills (one program per SM in every case)
+    attention_sums_warps=16,
 )
 
 ROCM = TritonTarget(
@@ -62,6 +68,8 @@ ROCM = TritonTarget(
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
     attention_warps=4, attention_stages=1,
+    # wavefronts of 64: 4 of them hold the accumulators in 80 VGPRs a lane
+    attention_sums_warps=4,
 )
 
 TARGETS = {t.name: t for t in (CUDA, ROCM)}
