@@ -13,7 +13,8 @@ op with the ``cuda`` backend forced onto CPU tensors, compared on bytes with the
 listed as skipped with the reason. Plus the primitives (exp_c, log_c, P1-P3, P4 quantisation,
 casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact``, and
 ``small_tiles``: the golden cases again with tiny row blocks and 16x16x32 GEMM tiles (multi-tile
-loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit.
+loops, more vocabulary ranges, 16-query x 32-key attention tiles), which must not move a bit; and
+``small_tiles_<op>`` for the RL reductions (2 x 16 tiles: many programs merged by int64 atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -122,8 +123,10 @@ def force_cuda_backend_on_cpu() -> None:
     registry._probes["cuda"] = (True, "Triton interpreter on the CPU (test)")
 
 
-def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0) -> list[dict[str, Any]]:
-    """Every small case of one contract module through the CUDA kernels vs the reference."""
+def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
+                  select: Any = None) -> list[dict[str, Any]]:
+    """Every small case of one contract module through the CUDA kernels vs the reference (only the
+    bit cases whose name ``select`` accepts, and no invariance case, when ``select`` is given)."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
     from rlkernel.dispatch import trace, use_backend
@@ -144,6 +147,8 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
         op = op_of(module, case)
         rec: dict[str, Any] = {"case": case.name, "op": op, "kind": case.kind}
         if golden_only and case.kind != "golden":
+            continue
+        if select is not None and not select(case.name):
             continue
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -167,7 +172,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         results.append(rec)
 
-    for inv in [] if golden_only else invariance_cases(module, full=False):
+    for inv in [] if golden_only or select is not None else invariance_cases(module, full=False):
         op = op_of(module, inv)
         rec = {"case": inv.name, "op": op, "kind": "invariance"}
         if op not in KERNELS:
@@ -254,6 +259,33 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     return records
 
 
+#: ops of ``backends/triton/rl.py`` run again with 2-row x 16-column tiles (``rl.SMALL_TILES``)
+RL_TILED = ("masked_mean", "ppo_loss", "group_advantages")
+
+
+def _rl_small_case(name: str) -> bool:
+    """The cases small enough for many tiny programs in the interpreter (specials, ties, overflow,
+    empty rows and batches included); the gradient runs no row kernel."""
+    return not any(tag in name for tag in ("T256", "B16", "G16", "n64", "grad", "huge_spread"))
+
+
+def run_rl_tiling_checks(name: str) -> list[dict[str, Any]]:
+    """``name``'s small golden and adversarial cases with the RL row kernels on 2 x 16 tiles and
+    one column step per program: many programs merge their exact states with int64 atomics, long
+    rows loop over column steps, group rows span several steps. The bits must not move."""
+    from rlkernel.backends.triton import rl
+
+    saved = rl.SMALL_TILES
+    rl.SMALL_TILES = True
+    try:
+        records = run_op_checks(name, select=_rl_small_case)
+    finally:
+        rl.SMALL_TILES = saved
+    for rec in records:
+        rec["case"] = f"{name}/{rec['case']}"
+    return records
+
+
 def cuda_contract_modules() -> list[str]:
     """Contract modules with a Triton kernel in the CUDA KERNELS table (module order); the
     ``torch_exact`` ops are the generic backend's code, tested on the CPU by the cpu backend."""
@@ -280,6 +312,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_primitive_checks()
         elif name == "small_tiles":
             out[name] = run_tiling_checks()
+        elif name.startswith("small_tiles_"):
+            out[name] = run_rl_tiling_checks(name.removeprefix("small_tiles_"))
         else:
             try:
                 out[name] = run_op_checks(name)
@@ -293,7 +327,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles"]
+OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles"] + [f"small_tiles_{op}" for op in RL_TILED]
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,10 @@ TARGET_PROGRAMS = 256
 #: longest row the kernels take (one program's raw limb sums stay below 2**23 terms); longer rows
 #: run the device-generic code
 MAX_ROW = 1 << 22
-#: test hook: force the smallest tile and column splits of one step (multi-program merges at small sizes)
+#: test hook: tiles of 2 rows x 16 columns and column splits of one step, so the cross-program
+#: atomic merges, the row-block merges and the column loops all run at small sizes
 SMALL_TILES = False
+SMALL_TILE = (2, 16)
 
 
 @triton.jit
@@ -151,7 +153,7 @@ def _finish_kernel(buf_ptr, out_ptr, den_bits, has_den, PARTIAL: tl.constexpr):
 
 def _tile(length: int) -> tuple[int, int]:
     if SMALL_TILES:
-        return TILES[0]
+        return SMALL_TILE
     if length < 64:
         return TILES[0]
     return TILES[1] if length < 512 else TILES[2]
