@@ -15,6 +15,7 @@ whole groups. Merging given ``partials`` and the PPO backward run the device-gen
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
@@ -365,7 +366,7 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
 
 
 def static_specs(target):
-    specs = [("kl_k3", "fp32", _kl_k3_fwd_kernel,
+    specs: list[tuple[Any, ...]] = [("kl_k3", "fp32", _kl_k3_fwd_kernel,
               {"lp_ptr": "*fp32", "ref_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
               {"BLOCK": BLOCK})]
     rows_sig = {"x_ptr": "*fp32", "old_ptr": "*fp32", "adv_ptr": "*fp32", "m_ptr": "*u8", "buf_ptr": "*i64",
