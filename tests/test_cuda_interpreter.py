@@ -260,7 +260,7 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 
 
 #: ops of ``backends/triton/rl.py`` run again with 2-row x 16-column tiles (``rl.SMALL_TILES``)
-RL_TILED = ("masked_mean", "ppo_loss", "group_advantages")
+RL_TILED = ("masked_mean", "ppo_loss", "group_advantages", "masked_mean_backward")
 
 
 def _rl_small_case(name: str) -> bool:

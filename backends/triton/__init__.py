@@ -56,8 +56,8 @@ KERNELS: dict[str, str] = {
     "rms_norm_backward": "torch_exact:rms_norm_backward",
     "rope_backward": "torch_exact:rope_backward",
     "silu_mul_backward": "torch_exact:silu_mul_backward",
-    "kl_k3_backward": "torch_exact:kl_k3_backward",
-    "masked_mean_backward": "torch_exact:masked_mean_backward",
+    "kl_k3_backward": "rl:kl_k3_backward",
+    "masked_mean_backward": "rl:masked_mean_backward",
     "token_entropy": "torch_exact:token_entropy",
     "token_entropy_backward": "torch_exact:token_entropy_backward",
 }

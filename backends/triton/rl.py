@@ -1,4 +1,5 @@
-"""RL ops on Triton: ``kl_k3``, ``masked_mean``, ``ppo_loss`` (forward) and ``group_advantages``.
+"""RL ops on Triton: ``kl_k3`` and ``kl_k3_backward``, ``masked_mean`` and ``masked_mean_backward``,
+``ppo_loss`` (forward) and ``group_advantages``.
 
 The reductions are the exact superaccumulator (P10, ``_tl_superacc``): a **row kernel** (grid =
 row blocks x column splits) makes the terms in registers (the kept ``x``, or the PPO token loss
@@ -9,7 +10,9 @@ atomics into a zeroed global state (exact in any order); a one-program **finish 
 rounds the merged state once and divides by fp32(denominator or count), or writes the
 canonical partial. Three launches (zero-fill, rows, finish), no host read of device values, so
 the launchers can be captured in a CUDA graph. ``group_advantages`` is one launch: a program owns
-whole groups. Merging given ``partials`` and the PPO backward run the device-generic torch code.
+whole groups. ``masked_mean_backward``: zero-fill, a counts kernel (c_b and the totals by int64
+atomics), a write kernel. Merging given ``partials`` and the PPO backward run the device-generic
+torch code.
 """
 
 from __future__ import annotations
@@ -62,6 +65,41 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     n = lp.numel()
     if n:
         _kl_k3_fwd_kernel[(triton.cdiv(n, BLOCK),)](lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
+    return out
+
+
+@triton.jit
+def _kl_k3_bwd_kernel(g_ptr, lp_ptr, ref_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    lp = tl.load(lp_ptr + offs, mask=mask, other=0.0)
+    ref = tl.load(ref_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, E.nan_to_canonical(g * (1.0 - E.exp_c(ref - lp))), mask=mask)
+
+
+def kl_k3_backward(grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Kernel ``kl_k3_backward``: ``RN32(g * RN32(1 - exp_c(RN32(ref_logp - logp))))``, fp32 [*] elementwise.
+
+    Parameters
+    ----------
+    grad, logp, ref_logp : Tensor, float32, one shape
+
+    Returns
+    -------
+    Tensor, float32, logp's shape
+
+    Bitwise semantics
+    -----------------
+    Each fp32 op one IEEE rounding (``exp_c`` the contract sequence), NaN canonical.
+    """
+    g = grad.to(torch.float32).contiguous()
+    lp = logp.to(torch.float32).contiguous()
+    ref = ref_logp.to(torch.float32).contiguous()
+    out = torch.empty(lp.shape, dtype=torch.float32, device=lp.device)
+    n = lp.numel()
+    if n:
+        _kl_k3_bwd_kernel[(triton.cdiv(n, BLOCK),)](g, lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
     return out
 
 
@@ -278,6 +316,94 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     return _reduce(lp, mask, mode, denominator, partial, ppo)
 
 
+# --------------------------------------------------------------------------- masked mean backward
+
+
+@triton.jit
+def _mm_counts_kernel(m_ptr, cnt_ptr, tot_ptr, B, T, RB: tl.constexpr, TB: tl.constexpr):
+    """Program: the kept-token counts c_b of RB whole rows (stored), their sum and the number of
+    nonempty rows added into ``tot[0]``, ``tot[1]`` with int64 atomics."""
+    rows = tl.program_id(0) * RB + tl.arange(0, RB)
+    row_ok = rows < B
+    cnt = tl.zeros((RB,), tl.int64)
+    for c0 in range(0, T, TB):
+        cols = c0 + tl.arange(0, TB)
+        ok = row_ok[:, None] & (cols < T)[None, :]
+        keep = tl.load(m_ptr + rows.to(tl.int64)[:, None] * T + cols[None, :], mask=ok, other=0) != 0
+        cnt += tl.sum(keep.to(tl.int64), axis=1)
+    tl.store(cnt_ptr + rows, cnt, mask=row_ok)
+    tl.atomic_add(tot_ptr, tl.sum(cnt, axis=0), sem="relaxed")
+    tl.atomic_add(tot_ptr + 1, tl.sum((cnt > 0).to(tl.int64), axis=0), sem="relaxed")
+
+
+@triton.jit
+def _mm_bwd_kernel(g_ptr, m_ptr, cnt_ptr, tot_ptr, y_ptr, B, T, cols_per_split, mode, den_bits, has_den,
+                   RB: tl.constexpr, TB: tl.constexpr):
+    """Program (row block, column split): ``RN32(g ÷ D)`` (``RN32(RN32(g ÷ fp32(c_b)) ÷ D)`` for
+    seq-mean-token-mean) on kept tokens, +0 elsewhere; D = fp32(denominator) or fp32(count)."""
+    rows = tl.program_id(0) * RB + tl.arange(0, RB)
+    row_ok = rows < B
+    zero_idx = rows * 0
+    g = tl.load(g_ptr + zero_idx)
+    count = tl.load(tot_ptr + tl.where(mode == 0, zero_idx, zero_idx + 1))
+    d = tl.where(has_den != 0, E.f32_from_bits(den_bits), E.int64_to_f32(count))
+    c_b = tl.load(cnt_ptr + rows, mask=row_ok, other=0)
+    v = tl.where(mode == 1, tl.math.div_rn(tl.math.div_rn(g, E.int64_to_f32(c_b)), d), tl.math.div_rn(g, d))
+    v = E.nan_to_canonical(v)
+    c_begin = tl.program_id(1) * cols_per_split
+    c_end = tl.minimum(c_begin + cols_per_split, T)
+    for c0 in range(c_begin, c_end, TB):
+        cols = c0 + tl.arange(0, TB)
+        ok = row_ok[:, None] & (cols < c_end)[None, :]
+        offs = rows.to(tl.int64)[:, None] * T + cols[None, :]
+        keep = tl.load(m_ptr + offs, mask=ok, other=0) != 0
+        tl.store(y_ptr + offs, tl.where(keep, v[:, None], 0.0), mask=ok)
+
+
+def masked_mean_backward(grad: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+                         denominator: float | None = None) -> torch.Tensor:
+    """Kernel ``masked_mean_backward`` (contract ``masked_mean_backward`` v1): zero-fill, counts, write.
+
+    Parameters
+    ----------
+    grad : Tensor, float32, []
+    mask : Tensor, bool, [B, T]
+    mode : str
+    denominator : float, optional
+        Already rounded to fp32 by the caller.
+
+    Returns
+    -------
+    Tensor, float32, [B, T]: the per-token gradient on kept tokens, +0 elsewhere
+
+    Bitwise semantics
+    -----------------
+    ``D = fp32(denominator)`` or the correctly rounded fp32 of the count (exact int64 atomics);
+    kept tokens ``div_rn(g, D)`` or ``div_rn(div_rn(g, fp32(c_b)), D)``; +0 elsewhere; NaN canonical.
+    """
+    _check_mode("masked_mean_backward", mode)
+    b, t = mask.shape
+    dev = mask.device
+    out = torch.empty((b, t), dtype=torch.float32, device=dev)
+    if b == 0 or t == 0:
+        return out
+    g = grad.to(torch.float32).reshape(1).contiguous()
+    m = mask.contiguous().view(torch.uint8)
+    buf = torch.zeros(b + 2, dtype=torch.int64, device=dev)
+    cnt, tot = buf[:b], buf[b:]
+    rb, tb = _tile(t)
+    n_rb = triton.cdiv(b, rb)
+    _mm_counts_kernel[(n_rb,)](m, cnt, tot, b, t, RB=rb, TB=tb, num_warps=ROW_WARPS, **LAUNCH)
+    splits = max(1, min(triton.cdiv(t, tb), TARGET_PROGRAMS // n_rb))
+    if SMALL_TILES:
+        splits = triton.cdiv(t, tb)
+    cols = triton.cdiv(triton.cdiv(t, splits), tb) * tb
+    _mm_bwd_kernel[(n_rb, triton.cdiv(t, cols))](
+        g, m, cnt, tot, out, b, t, cols, MODES.index(mode), f32_bits(denominator if denominator is not None else 1.0),
+        int(denominator is not None), RB=rb, TB=tb, num_warps=ROW_WARPS, **LAUNCH)
+    return out
+
+
 # --------------------------------------------------------------------------- group advantages
 
 
@@ -366,9 +492,12 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
 
 
 def static_specs(target):
-    specs: list[tuple[Any, ...]] = [("kl_k3", "fp32", _kl_k3_fwd_kernel,
-              {"lp_ptr": "*fp32", "ref_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
-              {"BLOCK": BLOCK})]
+    specs: list[tuple[Any, ...]] = [
+        ("kl_k3", "fp32", _kl_k3_fwd_kernel,
+         {"lp_ptr": "*fp32", "ref_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"}, {"BLOCK": BLOCK}),
+        ("kl_k3_backward", "fp32", _kl_k3_bwd_kernel,
+         {"g_ptr": "*fp32", "lp_ptr": "*fp32", "ref_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
+         {"BLOCK": BLOCK})]
     rows_sig = {"x_ptr": "*fp32", "old_ptr": "*fp32", "adv_ptr": "*fp32", "m_ptr": "*u8", "buf_ptr": "*i64",
                 "B": "i32", "T": "i32", "cols_per_split": "i32", "mode": "i32", "adv_row": "i32", "lo_bits": "i32",
                 "hi_bits": "i32", "dual_bits": "i32", "has_dual": "i32",
@@ -377,6 +506,14 @@ def static_specs(target):
         for op, ppo in (("masked_mean", False), ("ppo_loss", True)):
             specs.append((op, f"rows_{rb}x{tb}", _rows_kernel, rows_sig, {"PPO": ppo, "RB": rb, "TB": tb},
                           {"num_warps": ROW_WARPS}))
+        specs.append(("masked_mean_backward", f"counts_{rb}x{tb}", _mm_counts_kernel,
+                      {"m_ptr": "*u8", "cnt_ptr": "*i64", "tot_ptr": "*i64", "B": "i32", "T": "i32",
+                       "RB": "constexpr", "TB": "constexpr"}, {"RB": rb, "TB": tb}, {"num_warps": ROW_WARPS}))
+        specs.append(("masked_mean_backward", f"write_{rb}x{tb}", _mm_bwd_kernel,
+                      {"g_ptr": "*fp32", "m_ptr": "*u8", "cnt_ptr": "*i64", "tot_ptr": "*i64", "y_ptr": "*fp32",
+                       "B": "i32", "T": "i32", "cols_per_split": "i32", "mode": "i32", "den_bits": "i32",
+                       "has_den": "i32", "RB": "constexpr", "TB": "constexpr"}, {"RB": rb, "TB": tb},
+                      {"num_warps": ROW_WARPS}))
         specs.append(("group_advantages", f"groups_{rb}x{tb}", _group_adv_kernel,
                       {"r_ptr": "*fp32", "y_ptr": "*fp32", "G": "i32", "N": "i32", "n_bits": "i32",
                        "nm1_bits": "i32", "eps_bits": "i32", "scale": "i32", "RB": "constexpr", "TB": "constexpr"},
