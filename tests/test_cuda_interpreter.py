@@ -18,7 +18,8 @@ loops, more vocabulary ranges, 16-query x 32-key attention tiles, one key tile p
 per row), which must not move a bit; ``small_split``: softmax's split rows with chunks of several
 tiles, and embedding's id check; and ``attention_paged_splits``: every ``attention_paged`` case and
 invariance with one key tile per split and the scores recomputed in pass 2 (many programs per
-sequence merged by integer atomics).
+sequence merged by integer atomics); ``small_tiles_<op>`` for the RL reductions (2 x 16 tiles:
+many programs merged by int64 atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
@@ -129,9 +130,10 @@ def force_cuda_backend_on_cpu() -> None:
 
 def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: float = 1.0,
                   skip_invariance: bool = False, only_op: str | None = None,
-                  also_invariances: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                  also_invariances: tuple[str, ...] = (), select: Any = None) -> list[dict[str, Any]]:
     """Every small case of one contract module through the CUDA kernels vs the reference; with
-    ``only_op``, the cases of that op and the invariance checks of kinds ``also_invariances``."""
+    ``only_op``, the cases of that op and the invariance checks of kinds ``also_invariances``; with
+    ``select``, only the bit cases whose name it accepts, and no invariance case."""
     from rlkernel.backends.cuda import KERNELS
     from rlkernel.conformance.cases import bit_cases, invariance_cases, op_of, reference_of
     from rlkernel.dispatch import trace, use_backend
@@ -152,6 +154,8 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
         op = op_of(module, case)
         rec: dict[str, Any] = {"case": case.name, "op": op, "kind": case.kind}
         if (golden_only and case.kind != "golden") or (only_op is not None and op != only_op):
+            continue
+        if select is not None and not select(case.name):
             continue
         if op not in KERNELS:
             rec.update(status="skip", detail=f"no CUDA kernel for {op}")
@@ -175,7 +179,7 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         results.append(rec)
 
-    for inv in [] if golden_only or skip_invariance else invariance_cases(module, full=False):
+    for inv in [] if golden_only or skip_invariance or select is not None else invariance_cases(module, full=False):
         op = op_of(module, inv)
         if only_op is not None and op != only_op and inv.invariance not in also_invariances:
             continue
@@ -339,6 +343,33 @@ def run_paged_split_checks() -> list[dict[str, Any]]:
         attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = saved
 
 
+#: ops of ``backends/triton/rl.py`` run again with 2-row x 16-column tiles (``rl.SMALL_TILES``)
+RL_TILED = ("masked_mean", "ppo_loss", "group_advantages", "masked_mean_backward")
+
+
+def _rl_small_case(name: str) -> bool:
+    """The cases small enough for many tiny programs in the interpreter (specials, ties, overflow,
+    empty rows and batches included); the gradient runs no row kernel."""
+    return not any(tag in name for tag in ("T256", "B16", "G16", "n64", "grad", "huge_spread"))
+
+
+def run_rl_tiling_checks(name: str) -> list[dict[str, Any]]:
+    """``name``'s small golden and adversarial cases with the RL row kernels on 2 x 16 tiles and
+    one column step per program: many programs merge their exact states with int64 atomics, long
+    rows loop over column steps, group rows span several steps. The bits must not move."""
+    from rlkernel.backends.triton import rl
+
+    saved = rl.SMALL_TILES
+    rl.SMALL_TILES = True
+    try:
+        records = run_op_checks(name, select=_rl_small_case)
+    finally:
+        rl.SMALL_TILES = saved
+    for rec in records:
+        rec["case"] = f"{name}/{rec['case']}"
+    return records
+
+
 def cuda_contract_modules() -> list[str]:
     """Contract modules with a Triton kernel in the CUDA KERNELS table (module order); the
     ``torch_exact`` ops are the generic backend's code, tested on the CPU by the cpu backend."""
@@ -369,6 +400,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_tiling_checks()
         elif name == "small_split":
             out[name] = run_split_checks()
+        elif name.startswith("small_tiles_"):
+            out[name] = run_rl_tiling_checks(name.removeprefix("small_tiles_"))
         else:
             try:
                 out[name] = run_op_checks(name)
@@ -382,7 +415,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = ["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "attention_paged_splits"]
+OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "attention_paged_splits"]
+       + [f"small_tiles_{op}" for op in RL_TILED])
 
 
 @pytest.fixture(scope="module")
