@@ -25,7 +25,8 @@ pytestmark = [
 
 def _assert_bitwise(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
     assert expected.shape == actual.shape and expected.dtype == actual.dtype, what
-    if not torch.equal(expected.contiguous().view(torch.uint8), actual.contiguous().view(torch.uint8)):
+    if not torch.equal(expected.reshape(-1).contiguous().view(torch.uint8),
+                       actual.reshape(-1).contiguous().view(torch.uint8)):  # 0-d tensors have no byte view
         raise AssertionError(f"{what}: bytes differ")
 
 

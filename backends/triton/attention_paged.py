@@ -6,11 +6,12 @@ sequence is cut into ``n_split`` ranges of whole key tiles, one program each, me
 
 1. ``_stats_kernel`` (pass 1 over one range): the R5 row max as an int32 order key, the max key over
    allowed keys with a non-zero V row, the max V row exponent, the NaN-score and non-finite-V flags,
-   merged into the int64 accumulator with ``atomic_max`` (offset so that 0 is neutral); the fp32
+   written to this split's own int64 slots of the accumulator (offset so that 0, the zero-fill, is
+   neutral); the readers take the integer maxima over the splits' slots; the fp32
    scores of the live rows go to a scratch (``STORE_S``) so pass 2 need not remake K's digits.
 2. ``_sums_kernel`` (pass 2 over the same range): ``ref``, ``e_l``, ``E`` from the merged maxima;
-   ``L``, ``O_hi``, ``O_lo`` as exact int64 sums, merged with ``atomic_add``; the NaN-p flag with
-   ``atomic_max``.
+   ``L``, ``O_hi``, ``O_lo`` as exact int64 sums, merged with ``atomic_add``; the NaN-p flag as a
+   count, also by ``atomic_add``. No integer ``atomic_max``: it is a compare-and-swap loop on gfx90a.
 3. ``_finish_kernel``: ``RN32(O 2**(E - 60)) ÷ RN32(L 2**(e_l - 40))``, NaN flags, cast.
 
 Integer maxima and integer sums do not depend on the order or grouping of their terms, so the
@@ -51,13 +52,16 @@ STORE_S_MAX_BYTES = 512 << 20
 
 # accumulator columns after the two O limbs (2 * BLOCK_D columns): L, then the maxima and flags
 _C_L = tl.constexpr(0)
-_C_BEST = tl.constexpr(1)
-_C_BESTC = tl.constexpr(2)
-_C_NAN = tl.constexpr(3)
-_C_EBIG = tl.constexpr(4)
-_C_VBAD = tl.constexpr(5)
 _C_PBAD = tl.constexpr(6)
-_EXTRA = 8
+_EXTRA_N, _STATS_N = 8, 5  # host copies of _EXTRA and _STATS
+_EXTRA = tl.constexpr(_EXTRA_N)
+#: per split, after the extras: its pass-1 maxima (one writer each, merged by the readers)
+_C_BEST = tl.constexpr(0)
+_C_BESTC = tl.constexpr(1)
+_C_NAN = tl.constexpr(2)
+_C_EBIG = tl.constexpr(3)
+_C_VBAD = tl.constexpr(4)
+_STATS = tl.constexpr(_STATS_N)
 #: int32 order keys >= -2**31 + 1 stored as key + 2**31 >= 1; 0 = no key
 _KEY_OFF = tl.constexpr(2147483648)
 #: V exponents > -2**30 stored as e + 2**30 > 0; 0 = no row
@@ -65,15 +69,22 @@ _E_OFF = tl.constexpr(1073741824)
 
 
 @triton.jit
-def _merged_stats(acc_ptr, grow, ok, acc_stride, BLOCK_D: tl.constexpr):
-    """The merged pass-1 maxima of rows ``grow``: (best, best_c, nanf, e_big, vbad) as attention.py's sentinels."""
-    base = acc_ptr + grow * acc_stride + 2 * BLOCK_D
-    best = (tl.maximum(tl.load(base + _C_BEST, mask=ok, other=0), 1) - _KEY_OFF).to(tl.int32)
-    best_c = (tl.maximum(tl.load(base + _C_BESTC, mask=ok, other=0), 1) - _KEY_OFF).to(tl.int32)
-    nanf = tl.load(base + _C_NAN, mask=ok, other=0).to(tl.int32)
-    e_big = (tl.load(base + _C_EBIG, mask=ok, other=0) - _E_OFF).to(tl.int32)
-    vbad = tl.load(base + _C_VBAD, mask=ok, other=0).to(tl.int32)
-    return best, best_c, nanf, e_big, vbad
+def _merged_stats(acc_ptr, grow, ok, acc_stride, n_split, BLOCK_D: tl.constexpr):
+    """The merged pass-1 maxima of rows ``grow``: (best, best_c, nanf, e_big, vbad) as attention.py's
+    sentinels, the integer maxima over the splits' written slots (0, the zero-fill, is neutral)."""
+    base = acc_ptr + grow * acc_stride + 2 * BLOCK_D + _EXTRA
+    best = (grow * 0).to(tl.int64)
+    best_c, nanf, e_big, vbad = best, best, best, best
+    for sp in range(0, n_split):
+        slot = base + sp * _STATS
+        best = tl.maximum(best, tl.load(slot + _C_BEST, mask=ok, other=0))
+        best_c = tl.maximum(best_c, tl.load(slot + _C_BESTC, mask=ok, other=0))
+        nanf = tl.maximum(nanf, tl.load(slot + _C_NAN, mask=ok, other=0))
+        e_big = tl.maximum(e_big, tl.load(slot + _C_EBIG, mask=ok, other=0))
+        vbad = tl.maximum(vbad, tl.load(slot + _C_VBAD, mask=ok, other=0))
+    best = (tl.maximum(best, 1) - _KEY_OFF).to(tl.int32)
+    best_c = (tl.maximum(best_c, 1) - _KEY_OFF).to(tl.int32)
+    return best, best_c, nanf.to(tl.int32), (e_big - _E_OFF).to(tl.int32), vbad.to(tl.int32)
 
 
 @triton.jit
@@ -137,12 +148,14 @@ def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tab
             best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
             e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
             vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
-        base = acc_ptr + grow * acc_stride + 2 * BLOCK_D
-        tl.atomic_max(base + _C_BEST, best.to(tl.int64) + _KEY_OFF, mask=q_ok)
-        tl.atomic_max(base + _C_BESTC, best_c.to(tl.int64) + _KEY_OFF, mask=q_ok)
-        tl.atomic_max(base + _C_NAN, nanf.to(tl.int64), mask=q_ok)
-        tl.atomic_max(base + _C_EBIG, e_big.to(tl.int64) + _E_OFF, mask=q_ok)
-        tl.atomic_max(base + _C_VBAD, vbad_any.to(tl.int64), mask=q_ok)
+        # this split's maxima in its own slots (one writer per row and split: no atomics; an
+        # integer atomic max is a compare-and-swap loop on gfx90a, which the AMD checks refuse)
+        base = acc_ptr + grow * acc_stride + 2 * BLOCK_D + _EXTRA + split * _STATS
+        tl.store(base + _C_BEST, best.to(tl.int64) + _KEY_OFF, mask=q_ok)
+        tl.store(base + _C_BESTC, best_c.to(tl.int64) + _KEY_OFF, mask=q_ok)
+        tl.store(base + _C_NAN, nanf.to(tl.int64), mask=q_ok)
+        tl.store(base + _C_EBIG, e_big.to(tl.int64) + _E_OFF, mask=q_ok)
+        tl.store(base + _C_VBAD, vbad_any.to(tl.int64), mask=q_ok)
 
 
 @triton.jit
@@ -174,7 +187,7 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
         else:
             limit = qi * 0 + lk - 1
         grow = (q0 + qi) * hq + hh
-        best, best_c, nanf, e_big, vbad_any = _merged_stats(acc_ptr, grow, q_ok, acc_stride, BLOCK_D)
+        best, best_c, nanf, e_big, vbad_any = _merged_stats(acc_ptr, grow, q_ok, acc_stride, n_split, BLOCK_D)
         ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
         rn = tl.arange(0, BLOCK_N)
         big_l = tl.zeros([BLOCK_M], tl.int64)
@@ -211,17 +224,17 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
         tl.atomic_add(base[:, None] + rd[None, :], o_hi, mask=od)
         tl.atomic_add(base[:, None] + BLOCK_D + rd[None, :], o_lo, mask=od)
         tl.atomic_add(base + 2 * BLOCK_D + _C_L, big_l, mask=q_ok)
-        tl.atomic_max(base + 2 * BLOCK_D + _C_PBAD, pbad.to(tl.int64), mask=q_ok)
+        tl.atomic_add(base + 2 * BLOCK_D + _C_PBAD, pbad.to(tl.int64), mask=q_ok)  # a count: non-zero = a NaN p
 
 
 @triton.jit
-def _finish_kernel(acc_ptr, o_ptr, n_rows, hq, so_t, so_h, D, acc_stride,
+def _finish_kernel(acc_ptr, o_ptr, n_rows, hq, so_t, so_h, D, acc_stride, n_split,
                    OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     grow = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     ok = grow < n_rows
     rd = tl.arange(0, BLOCK_D)
     d_ok = rd < D
-    best, best_c, nanf, e_big, vbad_any = _merged_stats(acc_ptr, grow, ok, acc_stride, BLOCK_D)
+    best, best_c, nanf, e_big, vbad_any = _merged_stats(acc_ptr, grow, ok, acc_stride, n_split, BLOCK_D)
     ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
     base = acc_ptr + grow * acc_stride
     od = ok[:, None] & d_ok[None, :]
@@ -265,7 +278,8 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Bitwise semantics
     -----------------
     The contract's (``attention`` v2): every cross-key quantity is an integer maximum or an exact
-    integer sum, merged across the key splits with integer atomics, so the split count (shapes
+    integer sum, merged across the key splits (sums by integer atomics, maxima over each split's
+    written slots), so the split count (shapes
     only) cannot change a bit.
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -299,7 +313,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     n_split, per = _splits(n_tiles, bn, m_blocks * n_seq * hkv, q.device, target)
     s_width = n_tiles * bn
     store_s = tq * hq * s_width * 4 <= STORE_S_MAX_BYTES
-    acc_w = 2 * bd + _EXTRA
+    acc_w = 2 * bd + _EXTRA_N + n_split * _STATS_N
     acc = torch.zeros((tq * hq, acc_w), dtype=torch.int64, device=q.device)
     scores = torch.empty((tq * hq, s_width) if store_s else (1,), dtype=torch.float32, device=q.device)
     args = (q, kc, vc, scores, acc, cu_q, lens, table,
@@ -311,7 +325,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
                        num_stages=target.attention_stages, **LAUNCH)
     br = 16
-    _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w,
+    _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w, n_split,
                                                OUT=OUT_CODE[q.dtype], BLOCK_R=br, BLOCK_D=bd,
                                                num_warps=4, **LAUNCH)
     return out
@@ -337,7 +351,8 @@ def static_specs(target: TritonTarget):
                 specs.append(("attention_paged", f"sums_{tag}", _sums_kernel, sig, consts, sums_options))
         specs.append(("attention_paged", f"finish_{dt}_d128", _finish_kernel,
                       {"acc_ptr": "*i64", "o_ptr": f"*{dt}", "n_rows": "i32", "hq": "i32", "so_t": "i64",
-                       "so_h": "i64", "D": "i32", "acc_stride": "i32", "OUT": "constexpr", "BLOCK_R": "constexpr",
+                       "so_h": "i64", "D": "i32", "acc_stride": "i32", "n_split": "i32", "OUT": "constexpr",
+                       "BLOCK_R": "constexpr",
                        "BLOCK_D": "constexpr"},
                       {"OUT": 1 if dt == "bf16" else 2, "BLOCK_R": 16, "BLOCK_D": 128}, {"num_warps": 4}))
     return specs
