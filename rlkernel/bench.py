@@ -167,6 +167,16 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device) - base)
 
 
+def _with_throughput(timing: Timing, flops: float, nbytes: float) -> Timing:
+    """``timing`` with TFLOP/s and GB/s from its milliseconds and the case's declared work."""
+    assert timing.ms is not None
+    seconds = timing.ms * 1e-3
+    if seconds > 0:
+        timing.tflops = flops / seconds / 1e12
+        timing.gbps = nbytes / seconds / 1e9
+    return timing
+
+
 def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: torch.device, repeat: int,
             flops: float, nbytes: float) -> Timing:
     """Time ``fn(**inputs)`` rotating over ``input_sets``; errors are recorded, not raised."""
@@ -183,11 +193,7 @@ def measure(fn: Callable[..., Any], input_sets: list[dict[str, Any]], device: to
         timing.error = f"{type(exc).__name__}: {exc}"
         logger.info("bench: %s failed: %s", getattr(fn, "__name__", fn), timing.error)
         return timing
-    seconds = timing.ms * 1e-3
-    if seconds > 0:
-        timing.tflops = flops / seconds / 1e12
-        timing.gbps = nbytes / seconds / 1e9
-    return timing
+    return _with_throughput(timing, flops, nbytes)
 
 
 def measure_graph(fn: Callable[..., Any], inputs: dict[str, Any], device: torch.device, repeat: int,
@@ -216,11 +222,7 @@ def measure_graph(fn: Callable[..., Any], inputs: dict[str, Any], device: torch.
         logger.info("bench: graph of %s failed: %s", getattr(fn, "__name__", fn), timing.error)
         _settle_after_failed_capture(device)
         return timing
-    seconds = timing.ms * 1e-3
-    if seconds > 0:
-        timing.tflops = flops / seconds / 1e12
-        timing.gbps = nbytes / seconds / 1e9
-    return timing
+    return _with_throughput(timing, flops, nbytes)
 
 
 def _settle_after_failed_capture(device: torch.device) -> None:
