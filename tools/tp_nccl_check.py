@@ -13,7 +13,10 @@ compares on bytes:
 * the trainer's log-probs (``packed_logprobs``, micro-batched) of fixed packed sequences;
 * the rollout engine's sampled tokens and their log-probs (``rlkernel.rollout.LLM``, top-k, eager);
 * the TP = 1 bits of every rank with rank 0's (one GPU model, different devices);
-* rank 0 also computes the trainer's log-probs of the first sequences on the CPU (``--cpu-seqs``).
+* rank 0 also computes the trainer's log-probs of the first sequences on the CPU (``--cpu-seqs``);
+* ``--train-steps`` GRPO steps of the ReverseDigits model (the configuration of the committed
+  200-step run, conformance/results/train/h200-827c023) at TP = 1 and TP = world: every step's
+  weight SHA-256 must agree with each other and with that single-GPU report's steps.
 
 Rank 0 writes ``DIR/tp_nccl.json`` after each stage (a run stopped midway keeps what it proved).
 Exit status 0 only if every comparison made is equal.
@@ -22,6 +25,7 @@ Exit status 0 only if every comparison made is equal.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from rlkernel.model import Qwen3Config, Qwen3ForCausalLM
 from rlkernel.rl import packed_logprobs
 from rlkernel.rollout import LLM, SamplingParams
+from rlkernel.train import GRPOConfig, GRPOTrainer, ReverseDigits, task_config
 from rlkernel.train.tasks import init_weights_
 
 QWEN3_06B = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
@@ -63,6 +68,20 @@ def engine_run(model: Qwen3ForCausalLM) -> list[Any]:
     return llm.generate(prompts, params)
 
 
+#: the committed single-GPU GRPO run whose configuration the training stage repeats
+TRAIN_REPORT = Path(__file__).resolve().parents[1] / "conformance/results/train/h200-827c023/report.json"
+
+
+def train_shas(group: object, device: torch.device, steps: int) -> list[str]:
+    """Every step's weight SHA-256 of ``steps`` GRPO steps of the committed run's configuration."""
+    config = Qwen3Config.from_dict(task_config(hidden_size=32, num_layers=2))
+    model = init_weights_(Qwen3ForCausalLM(config, group=group, device=device), seed=0, std=0.05)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, temperature=1.0, lr=3e-3, weight_decay=0.0, kl_coef=0.0,
+                     loss_agg_mode="token-mean", micro_batch_size=4, max_grad_norm=1.0, seed=0)
+    trainer = GRPOTrainer(model, ReverseDigits(min_digits=2, max_digits=3, seed=0), cfg)
+    return [m.weights_sha256 for m in trainer.train(steps)]
+
+
 def build(config: Qwen3Config, group: object, device: torch.device) -> Qwen3ForCausalLM:
     model = Qwen3ForCausalLM(config, group=group, device=device)
     return init_weights_(model, seed=0, std=0.02).eval()
@@ -72,9 +91,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--cpu-seqs", type=int, default=2, help="sequences rank 0 also scores on the CPU (0: none)")
+    p.add_argument("--train-steps", type=int, default=4, help="GRPO steps at TP 1 and TP = world (0: none)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
@@ -120,6 +140,16 @@ def main() -> int:
            sampled=[len(a.token_ids) for a in eng1])
     report["seconds_gpu"] = round(time.perf_counter() - t0, 1)
     del tp
+    dist.barrier()
+
+    if args.train_steps:
+        one_steps = train_shas(None, device, args.train_steps)
+        tp_steps = train_shas(dist.group.WORLD, device, args.train_steps)
+        committed = [s["ours"]["weights_sha256"] for s in json.loads(TRAIN_REPORT.read_text())["steps"]]
+        record(f"grpo_tp{world}_equals_tp1_and_the_committed_run",
+               tp_steps == one_steps == committed[:args.train_steps], steps=args.train_steps,
+               tp1=[h[:16] for h in one_steps], tpn=[h[:16] for h in tp_steps],
+               committed=[h[:16] for h in committed[:args.train_steps]])
     dist.barrier()
 
     if rank == 0 and args.cpu_seqs:
