@@ -343,8 +343,9 @@ def run_paged_split_checks() -> list[dict[str, Any]]:
         attention_paged.SMALL_SPLITS, attention_paged.STORE_S_MAX_BYTES = saved
 
 
-#: ops of ``backends/triton/rl.py`` run again with 2-row x 16-column tiles (``rl.SMALL_TILES``)
-RL_TILED = ("masked_mean", "ppo_loss", "group_advantages", "masked_mean_backward")
+#: ops of ``backends/triton/rl.py`` run again with 2-row x 16-column tiles (``rl.SMALL_TILES``), and
+#: ``exact_sum`` with 4 elements per program and a normalisation every 4 terms (``exact_sum.SMALL_TILES``)
+RL_TILED = ("masked_mean", "ppo_loss", "group_advantages", "masked_mean_backward", "exact_sum")
 
 
 def _rl_small_case(name: str) -> bool:
@@ -357,14 +358,15 @@ def run_rl_tiling_checks(name: str) -> list[dict[str, Any]]:
     """``name``'s small golden and adversarial cases with the RL row kernels on 2 x 16 tiles and
     one column step per program: many programs merge their exact states with int64 atomics, long
     rows loop over column steps, group rows span several steps. The bits must not move."""
-    from rlkernel.backends.triton import rl
+    from rlkernel.backends.triton import exact_sum, rl
 
-    saved = rl.SMALL_TILES
-    rl.SMALL_TILES = True
+    mod = exact_sum if name == "exact_sum" else rl
+    saved = mod.SMALL_TILES
+    mod.SMALL_TILES = True
     try:
         records = run_op_checks(name, select=_rl_small_case)
     finally:
-        rl.SMALL_TILES = saved
+        mod.SMALL_TILES = saved
     for rec in records:
         rec["case"] = f"{name}/{rec['case']}"
     return records

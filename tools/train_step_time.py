@@ -91,7 +91,7 @@ def time_ours(model: Any, prompts: list[list[int]], comps: list[list[int]], adv:
     finally:
         acc.remove()
         model.requires_grad_(False)
-    result = {"median_s": statistics.median(times), "steps_s": times, "peak_gib": _peak(device)}
+    result = {"median_s": statistics.median(times) if times else None, "steps_s": times, "peak_gib": _peak(device)}
     del opt, acc
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -128,7 +128,7 @@ def time_plain(model: Any, prompts: list[list[int]], comps: list[list[int]], adv
         if i:
             times.append(time.perf_counter() - t0)
         print(f"plain step {i}: {time.perf_counter() - t0:.3f} s", flush=True)
-    result = {"median_s": statistics.median(times), "steps_s": times, "peak_gib": _peak(device)}
+    result = {"median_s": statistics.median(times) if times else None, "steps_s": times, "peak_gib": _peak(device)}
     del hf, opt2
     if device.type == "cuda":
         torch.cuda.empty_cache()

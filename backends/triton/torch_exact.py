@@ -1,12 +1,11 @@
 """Ops the CUDA backend serves with exact device code in torch tensor operations, not Triton.
 
-``adamw``, ``sgd``, the ``exact_sum``
-ops, ``token_entropy`` and every backward (``attention_backward``, ``token_logprobs_backward`` with its
+``adamw``, ``sgd``, ``token_entropy`` and every backward (``attention_backward``, ``token_logprobs_backward`` with its
 sharded sub-ops, ``token_entropy_backward``, ``rms_norm_backward``, ``rope_backward``,
 ``silu_mul_backward``; their digit products are exact
 GEMMs combined in int64; fused Triton kernels come with the performance work) run on the GPU as the device-generic
 implementations (the P10 exact superaccumulator for
-the exact sums and rms_norm's row sum, R1 elementwise fp32 and the contract ``exp_c``): every
+rms_norm's row sum, R1 elementwise fp32 and the contract ``exp_c``): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
 contract's bits on CUDA as on the CPU. They are listed in ``KERNELS`` under this module, so the
 kernel that ran reads ``cuda:torch_exact.<op>`` (``rlkernel.dispatch.trace``), never a Triton
@@ -17,7 +16,6 @@ kernels are the next step for speed (see docs/cuda-backend.md).
 from __future__ import annotations
 
 from rlkernel.backends.generic.attention_backward import attention_backward
-from rlkernel.backends.generic.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
 from rlkernel.backends.generic.optim import adamw, sgd
 from rlkernel.backends.generic.rl_backward import kl_k3_backward, masked_mean_backward
 from rlkernel.backends.generic.rms_norm_backward import rms_norm_backward
@@ -30,8 +28,7 @@ from rlkernel.backends.generic.token_logprobs_backward import (
     token_logprobs_backward_partial,
 )
 
-__all__ = ["adamw", "attention_backward", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
-           "kl_k3_backward", "masked_mean_backward",
+__all__ = ["adamw", "attention_backward", "kl_k3_backward", "masked_mean_backward",
            "rms_norm_backward", "rope_backward", "sgd", "silu_mul_backward", "token_entropy",
            "token_entropy_backward", "token_logprobs_backward", "token_logprobs_backward_finish",
            "token_logprobs_backward_partial"]

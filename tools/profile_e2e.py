@@ -1,0 +1,252 @@
+"""Where the end-to-end time goes (issue 12): GPU kernels of a rollout's decode steps and of one trainer step.
+
+``tools/e2e_bench.py`` gives the two ratios; this gives the profile behind them, one
+``torch.profiler`` run per part, grouped by GPU kernel name (device time summed over the run):
+
+- **rollout**: the engine of :mod:`rlkernel.rollout` in eager mode (CUDA graphs hide the kernels
+  from the profiler; their device time is the same) over ``--prompts`` prompts and
+  ``--new-tokens`` tokens, once with ``ops="rlkernel"`` and once with ``ops="native"``;
+- **train**: one rlkernel trainer step (``tools/train_step_time.py``'s ``time_ours``, after its
+  warm-up step), kernels and the autograd nodes / ``rlkernel`` phases that launched them.
+
+Writes ``profile_e2e.json`` and ``profile_e2e.md`` (top kernels per part) to ``--out``::
+
+    python tools/profile_e2e.py --config qwen3-0.6b --prompts 256 --prompt-len 64 --new-tokens 8 \\
+        --train-layers 4 --train-seqs 4 --train-len 256 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_bench  # noqa: E402
+import train_step_time  # noqa: E402
+
+TOP = 40
+
+
+def _kernels(prof: Any) -> list[dict[str, Any]]:
+    """GPU kernels of a finished profile: name, calls, total device ms, sorted by total."""
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name] += ev.device_time_total / 1e3 if hasattr(ev, "device_time_total") else ev.cuda_time / 1e3
+            calls[ev.name] += 1
+    rows = [{"kernel": k[:160], "calls": calls[k], "ms": round(v, 3)} for k, v in total.items()]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def _ops(prof: Any) -> list[dict[str, Any]]:
+    """CPU-side ranges (autograd nodes, rlkernel ops, aten ops) with the device time of the kernels under them."""
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "device_time_total", None)
+        if dev is None:
+            dev = e.cuda_time_total
+        if dev <= 0:
+            continue
+        rows.append({"range": e.key[:160], "calls": e.count, "device_ms": round(dev / 1e3, 3),
+                     "cpu_ms": round(e.cpu_time_total / 1e3, 3)})
+    return sorted(rows, key=lambda r: -r["device_ms"])
+
+
+def _profile(fn: Any, device: torch.device) -> Any:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    e2e_bench._sync(device)
+    with profile(activities=acts) as prof:
+        fn()
+        e2e_bench._sync(device)
+    return prof
+
+
+def _minus(full: list[dict[str, Any]], part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kernels of ``full`` less those of ``part`` (by name): the decode steps' share of a generate."""
+    sub = {r["kernel"]: r for r in part}
+    rows = []
+    for r in full:
+        s = sub.get(r["kernel"], {"calls": 0, "ms": 0.0})
+        rows.append({"kernel": r["kernel"], "calls": r["calls"] - s["calls"], "ms": round(r["ms"] - s["ms"], 3)})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def rollout(model: Any, ops: str, prompts: list[list[int]], args: argparse.Namespace,
+            device: torch.device) -> dict[str, Any]:
+    """Kernels of a generate of one token (the prefill) and of ``--new-tokens`` (prefill + decode steps)."""
+    from rlkernel.rollout import LLM, SamplingParams
+
+    max_len = len(prompts[0]) + args.new_tokens
+    llm = LLM(model, num_blocks=len(prompts) * -(-max_len // 16) + 8, block_size=16, max_num_seqs=len(prompts),
+              max_num_batched_tokens=max(2048, len(prompts) * len(prompts[0])), max_model_len=max_len,
+              enforce_eager=True, seed=0, ops=ops)  # type: ignore[arg-type]
+
+    def gen(n: int) -> None:
+        llm.generate(prompts, SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True, seed=1))
+
+    gen(2)  # warm-up: compiles
+    prefill = _kernels(_profile(lambda: gen(1), device))
+    full = _kernels(_profile(lambda: gen(args.new_tokens), device))
+    decode = _minus(full, prefill)
+    del llm
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    steps = args.new_tokens - 1
+    return {"ops": ops, "prefill_ms": round(sum(r["ms"] for r in prefill), 3), "decode_steps": steps,
+            "decode_ms_per_step": round(sum(r["ms"] for r in decode) / max(steps, 1), 3),
+            "prefill": prefill[:TOP], "decode": decode[:TOP]}
+
+
+def train_phases(model: Any, prompts: list[list[int]], comps: list[list[int]], adv: torch.Tensor,
+                 device: torch.device) -> dict[str, float]:
+    """One rlkernel trainer step (``train_step_time.time_ours``'s body) with the seconds of each phase."""
+    from rlkernel import grads
+    from rlkernel.rl import AdamW, clip_grad_norm_, ppo_loss
+    from rlkernel.train.grpo import completion_logprobs
+
+    n_tok = sum(len(c) for c in comps)
+    model.requires_grad_(True)
+    params = list(model.parameters())
+    phases: dict[str, float] = {}
+
+    def tick(name: str, t0: float) -> float:
+        e2e_bench._sync(device)
+        t1 = time.perf_counter()
+        phases[name] = round(phases.get(name, 0.0) + t1 - t0, 4)
+        return t1
+
+    try:
+        t = time.perf_counter()
+        acc = grads.ExactGradients(params)
+        opt = AdamW(params, lr=1e-6)
+        t = tick("zero_states", t)
+        logp = completion_logprobs(model, prompts, comps, 1.0, device)
+        t = tick("forward_logprobs", t)
+        lp = logp.reshape(len(comps), -1)
+        mask = torch.ones(lp.shape, dtype=torch.bool, device=device)
+        loss = ppo_loss(lp, lp.detach(), adv, mask, denominator=n_tok)
+        t = tick("loss", t)
+        loss.backward()
+        t = tick("backward", t)
+        acc.finish()
+        t = tick("finish_states", t)
+        clip_grad_norm_(params, 1.0)
+        t = tick("clip", t)
+        opt.step()
+        tick("adamw", t)
+    finally:
+        acc.remove()
+        model.requires_grad_(False)
+    phases["step"] = round(sum(phases.values()), 4)
+    return phases
+
+
+def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Phase seconds of the trainer step at the ``--train-*`` sizes (warm), and a kernel profile of a
+    small one (``--profile-layers``, 2 sequences of ``--profile-len``: the full step has too many events)."""
+    config = train_step_time.qwen3_config(args.config, args.train_layers)
+    model = e2e_bench.random_model(config, device)
+    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, args.train_seqs, args.train_len, device)
+    out: dict[str, Any] = {"layers": config.num_hidden_layers, "seqs": args.train_seqs, "len": args.train_len}
+    out["warmup_phases_s"] = train_phases(model, prompts, comps, adv, device)
+    out["phases_s"] = train_phases(model, prompts, comps, adv, device)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    config = train_step_time.qwen3_config(args.config, args.profile_layers)
+    model = e2e_bench.random_model(config, device)
+    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, 2, args.profile_len, device)
+    train_phases(model, prompts, comps, adv, device)
+    prof = _profile(lambda: train_phases(model, prompts, comps, adv, device), device)
+    kernels = _kernels(prof)
+    out["profile"] = {"layers": args.profile_layers, "seqs": 2, "len": args.profile_len,
+                      "device_ms": round(sum(r["ms"] for r in kernels), 3), "kernels": kernels[:TOP],
+                      "ranges": _ops(prof)[:TOP]}
+    return out
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [f"# Profile: {r['config']} on {r['device_name']}", "", f"Command: `{r['command']}`", ""]
+    for part in r.get("rollout", []):
+        lines += [f"## Rollout, ops={part['ops']}: decode {part['decode_ms_per_step']:.2f} ms of kernels per step "
+                  f"({part['decode_steps']} steps), prefill {part['prefill_ms']:.1f} ms", "",
+                  "| decode kernel | calls | ms (all steps) |", "|---|---:|---:|"]
+        lines += [f"| `{k['kernel']}` | {k['calls']} | {k['ms']:.2f} |" for k in part["decode"]]
+        lines += ["", "| prefill kernel | calls | ms |", "|---|---:|---:|"]
+        lines += [f"| `{k['kernel']}` | {k['calls']} | {k['ms']:.2f} |" for k in part["prefill"]]
+        lines.append("")
+    if "train" in r:
+        t = r["train"]
+        lines += [f"## Trainer step (rlkernel), {t['layers']} layers, {t['seqs']} x {t['len']} tokens: phases", "",
+                  "| phase | s (warm-up step) | s |", "|---|---:|---:|"]
+        lines += [f"| {k} | {t['warmup_phases_s'].get(k, 0):.3f} | {v:.3f} |" for k, v in t["phases_s"].items()]
+        t = t["profile"]
+        lines += ["", f"### Kernel profile, {t['layers']} layers, {t['seqs']} x {t['len']} tokens: "
+                  f"{t['device_ms']:.1f} ms of kernels", "",
+                  "| kernel | calls | ms |", "|---|---:|---:|"]
+        lines += [f"| `{k['kernel']}` | {k['calls']} | {k['ms']:.2f} |" for k in t["kernels"]]
+        lines += ["", "| range | calls | device ms | cpu ms |", "|---|---:|---:|---:|"]
+        lines += [f"| `{k['range']}` | {k['calls']} | {k['device_ms']:.2f} | {k['cpu_ms']:.1f} |" for k in t["ranges"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="qwen3-0.6b")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--prompts", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=8)
+    p.add_argument("--train-layers", type=int, default=4)
+    p.add_argument("--train-seqs", type=int, default=4)
+    p.add_argument("--train-len", type=int, default=256)
+    p.add_argument("--profile-layers", type=int, default=1)
+    p.add_argument("--profile-len", type=int, default=64)
+    p.add_argument("--parts", default="rlkernel,native,train")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    parts = args.parts.split(",")
+    out: dict[str, Any] = {"config": args.config, "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                           "command": "python tools/profile_e2e.py " + " ".join(argv or sys.argv[1:])}
+    dest = Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:  # after every part: a part cut by a time limit keeps the ones before
+        (dest / "profile_e2e.json").write_text(json.dumps(out, indent=1))
+        (dest / "profile_e2e.md").write_text(markdown(out))
+
+    rollout_ops = [o for o in ("rlkernel", "native") if o in parts]
+    if rollout_ops:
+        config = train_step_time.qwen3_config(args.config, args.layers)
+        model = e2e_bench.random_model(config, device)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, config.vocab_size, (args.prompt_len,), generator=g).tolist()
+                   for _ in range(args.prompts)]
+        out["rollout"] = []
+        for ops in rollout_ops:
+            out["rollout"].append(rollout(model, ops, prompts, args, device))
+            write()
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if "train" in parts:
+        out["train"] = train(args, device)
+        write()
+    print(markdown(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
