@@ -235,3 +235,24 @@ def test_rl_reductions_capture_in_cuda_graphs() -> None:
             _assert_bitwise(eager, fn(), f"{what} small tiles")
         finally:
             rl.SMALL_TILES = False
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_of_logits_equal_token_logprobs_on_the_gpu(temperature: float) -> None:
+    """The rollout scores its samples from the sampling logits (``ParallelLMHead.logprobs_of_logits``):
+    on the GPU too the bits of ``token_logprobs`` (Qwen3's vocabulary, outlier channels)."""
+    import rlkernel.ops as ops
+    from rlkernel.nn.embed_head import ParallelLMHead
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    head = ParallelLMHead(151936, 1024, device="cuda")
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=g, device="cuda") * 0.02)
+    hidden = torch.randn(64, 1024, generator=g, device="cuda")
+    hidden[:, :4] *= 200.0
+    hidden = hidden.to(head.weight.dtype)
+    targets = torch.randint(0, 151936, (64,), generator=g, device="cuda")
+    with torch.no_grad():
+        want = ops.token_logprobs(hidden, head.weight, targets, temperature)
+        got = head.logprobs_of_logits(head.logits(hidden), targets, temperature)
+    _assert_bitwise(want, got, f"logprobs_of_logits at temperature {temperature}")

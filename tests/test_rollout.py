@@ -106,6 +106,36 @@ def test_rollout_logprobs_equal_trainer_bits(model, baseline) -> None:
     assert_trainer_bits(model, baseline, PARAMS)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3, 0.01])
+def test_logprobs_of_logits_equal_token_logprobs(model, temperature) -> None:
+    """The engine scores its samples from the sampling logits (one LM-head GEMM per step): the same
+    bits as the trainer's token_logprobs on the hidden rows, also for outlier channels, an
+    attention-sink-like row, rows that overflow at a tiny temperature, and NaN / inf rows."""
+    head = model.lm_head
+    v, h = head.weight.shape
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(9, h, generator=g)
+    hidden[1, :3] *= 300.0  # outlier channels
+    hidden[2] = 0.0
+    hidden[2, 0] = 40.0  # one dominant direction: a near-one-hot distribution
+    hidden[3] *= 1e4  # logits overflow to inf at a tiny temperature
+    hidden[4, 5] = float("nan")
+    hidden[5, 0] = float("inf")
+    hidden[6] = 0.0  # all-equal logits
+    hidden = hidden.to(head.weight.dtype)
+    targets = torch.randint(0, v, (9,), generator=g)
+    with torch.no_grad():
+        want = model.logprobs(hidden, targets, temperature)
+        got = model.logprobs_of_logits(model.compute_logits(hidden), targets, temperature)
+    assert_same_bits(want, got, f"logprobs_of_logits at temperature {temperature}")
+
+
+def test_logprobs_of_logits_refuses_bad_temperature(model) -> None:
+    logits = torch.zeros(1, model.lm_head.weight.shape[0])
+    with pytest.raises(ValueError, match="temperature"):
+        model.logprobs_of_logits(logits, torch.zeros(1, dtype=torch.int64), 0.0)
+
+
 @pytest.mark.parametrize("max_num_seqs, max_num_batched_tokens, block_size", [
     (1, 2048, 16), (3, 5, 3), (8, 3, 1)], ids=["one-by-one", "batch3-chunked5-block3", "batch8-chunked3-block1"])
 def test_batching_and_chunking_do_not_change_a_bit(model, prompts, baseline, max_num_seqs, max_num_batched_tokens,

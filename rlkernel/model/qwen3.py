@@ -276,6 +276,12 @@ class Qwen3ForCausalLM(OpsUser, nn.Module):
         """
         return self.lm_head.logprobs(hidden, targets, temperature)
 
+    def logprobs_of_logits(self, logits: torch.Tensor, targets: torch.Tensor,
+                           temperature: float = 1.0) -> torch.Tensor:
+        """:meth:`logprobs` of the rows whose :meth:`compute_logits` are given (float32 ``[B, V]``):
+        the same bits without a second LM-head GEMM (see ``ParallelLMHead.logprobs_of_logits``)."""
+        return self.lm_head.logprobs_of_logits(logits, targets, temperature)
+
     def entropy(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """Entropy of each row's next-token distribution: float32 ``[T]``, never full logits.
 

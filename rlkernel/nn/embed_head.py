@@ -177,6 +177,42 @@ class ParallelLMHead(VocabParallelEmbedding):
                 f"entropy with tp_size = 1, or gather the head's weight and call rlkernel.ops.token_entropy")
         return token_entropy(hidden, self.weight, temperature)
 
+    def logprobs_of_logits(self, logits: torch.Tensor, targets: torch.Tensor,
+                           temperature: float = 1.0) -> torch.Tensor:
+        """:meth:`logprobs` of rows whose whole logits :meth:`logits` already made (the sampled tokens').
+
+        Parameters
+        ----------
+        logits : Tensor, float32, [B, V]
+            :meth:`logits` of the rows (identical on every rank).
+        targets : Tensor, int64, [B]
+            Token ids in ``[0, V)``.
+        temperature : float
+            As in :meth:`logprobs` (> 0).
+
+        Returns
+        -------
+        Tensor, float32, [B]: the bits :meth:`logprobs` gives for the hidden rows of ``logits``.
+
+        Bitwise semantics
+        -----------------
+        Contract ``token_logprobs`` v1 from its step 2 on: ``z = logits / fp32(temperature)`` (one
+        IEEE fp32 division per element, by a device tensor; none for temperature 1, where it is
+        the identity), then ``log_softmax(z)[targets]`` (contract ``log_softmax`` v1: the same max,
+        ``exp_c``, exact fixed-point sum on the 2**-40 grid and ``log_c`` as token_logprobs' steps
+        3-6, and the same NaN rows). Step 1, the fp32 logits, is :meth:`logits`. The rollout uses
+        this to score the tokens it sampled without a second LM-head GEMM;
+        ``tests/test_rollout.py`` checks it against :meth:`logprobs` bit for bit.
+        """
+        z = logits.to(torch.float32)
+        tau = float(torch.tensor(temperature, dtype=torch.float32))
+        if not tau > 0.0 or tau == float("inf"):
+            raise ValueError(f"logprobs_of_logits: temperature {temperature!r}; expected a finite fp32 value > 0")
+        if tau != 1.0:
+            z = z / torch.full((z.shape[0], 1), tau, dtype=torch.float32, device=z.device)
+        lp = self.ops.log_softmax(z, dim=-1)
+        return lp.gather(-1, targets.to(torch.int64).reshape(-1, 1)).reshape(-1)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).
 

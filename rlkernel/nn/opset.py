@@ -31,7 +31,7 @@ class OpSet:
     bitwise : bool
         True only for :data:`EXACT`: the results are the contracts' bits. A set with False is a
         measurement baseline: its results depend on the batch, the library and the device.
-    embedding, linear, rms_norm, rope, silu_mul, attention, attention_paged, token_logprobs, sample
+    embedding, linear, rms_norm, rope, silu_mul, attention, attention_paged, token_logprobs, log_softmax, sample
         Functions with the signatures of ``rlkernel.ops.<name>``.
     """
 
@@ -45,13 +45,15 @@ class OpSet:
     attention: Op
     attention_paged: Op
     token_logprobs: Op
+    log_softmax: Op
     sample: Op
 
 
 #: The exact ops (``rlkernel.ops``): what every layer and model uses unless built otherwise.
 EXACT = OpSet(name="rlkernel", bitwise=True, embedding=exact.embedding, linear=exact.linear,
               rms_norm=exact.rms_norm, rope=exact.rope, silu_mul=exact.silu_mul, attention=exact.attention,
-              attention_paged=exact.attention_paged, token_logprobs=exact.token_logprobs, sample=exact.sample)
+              attention_paged=exact.attention_paged, token_logprobs=exact.token_logprobs,
+              log_softmax=exact.log_softmax, sample=exact.sample)
 
 
 class OpsUser:

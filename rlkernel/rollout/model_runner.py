@@ -4,8 +4,9 @@ The runner owns the paged KV cache. Each step it packs the scheduled sequences' 
 builds the :class:`~rlkernel.nn.metadata.AttentionMetadata` (packed attention when the step is
 made of whole fresh prompts, paged otherwise), runs the model, and for every sequence whose
 last fed token is its last token it draws the next one with ``rlkernel.ops.sample`` and scores
-it with ``model.logprobs`` (through the model's op set: ``rlkernel.ops``, or torch's
-own for the native baseline). Decode steps on CUDA replay captured CUDA graphs
+it from the same fp32 logits with ``model.logprobs_of_logits`` (``token_logprobs``' bits, one
+LM-head GEMM per step; through the model's op set: ``rlkernel.ops``, or torch's own for the
+native baseline). Decode steps on CUDA replay captured CUDA graphs
 (:mod:`rlkernel.rollout.cuda_graph`) unless the engine was built with ``enforce_eager``.
 """
 
@@ -81,14 +82,18 @@ class ModelRunner:
         if not drawn:
             return [], [], torch.zeros(0, dtype=torch.float32)
         last = hidden[torch.tensor(rows, device=self.device)]
-        tokens = self._sample(last, drawn)
+        logits = self.model.compute_logits(last)
+        tokens = self._sample(logits, drawn)
         logprobs = torch.empty(len(drawn), dtype=torch.float32, device=self.device)
         by_temperature: dict[float, list[int]] = {}
         for k, seq in enumerate(drawn):
             by_temperature.setdefault(seq.params.logprob_temperature, []).append(k)
-        for temperature, ks in by_temperature.items():
-            idx = torch.tensor(ks, device=self.device)
-            logprobs[idx] = self.model.logprobs(last[idx], tokens[idx], temperature)
+        for temperature, ks in by_temperature.items():  # the trainer's token_logprobs bits, from the same logits
+            if len(ks) == len(drawn):
+                logprobs = self.model.logprobs_of_logits(logits, tokens, temperature)
+            else:
+                idx = torch.tensor(ks, device=self.device)
+                logprobs[idx] = self.model.logprobs_of_logits(logits[idx], tokens[idx], temperature)
         return drawn, [int(t) for t in tokens.tolist()], logprobs.cpu()
 
     def _forward(self, batch: Batch) -> torch.Tensor:
@@ -117,10 +122,9 @@ class ModelRunner:
         position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)  # = meta.positions()
         return self.model(input_ids, position_ids, meta, self.kv_cache, check=self.check)
 
-    def _sample(self, last: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """int64 [B]: each sequence's next token from the sample op (its seed, the token's position)."""
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """int64 [B]: each sequence's next token from the sample op on its fp32 logits (its seed, the token's position)."""
         device = self.device
-        logits = self.model.compute_logits(last)
         temperature = torch.tensor([float(s.params.temperature) for s in seqs], dtype=torch.float32, device=device)
         top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.int64, device=device)
         top_p = torch.tensor([float(s.params.top_p) for s in seqs], dtype=torch.float32, device=device)

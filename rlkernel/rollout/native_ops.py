@@ -19,6 +19,7 @@ attention_paged    each query row gathers its sequence's K/V blocks (the block t
                    width) and runs SDPA with a mask from the device context lengths: graph-capturable;
                    rows of a multi-token chunk (eager steps only) run per sequence
 token_logprobs     ``log_softmax(F.linear(h, W).float() / T)[target]``
+log_softmax        ``torch.log_softmax`` (the rollout's log-probs of the sampled tokens, from the logits)
 sample             torch's softmax sampling: ``/ T``, top-k / top-p by sort (vLLM's torch sampler),
                    exponential race (``argmax(p / Exp(1))``, a multinomial draw); greedy = ``argmax``
 =================  ===================================================================================
@@ -43,8 +44,8 @@ import torch.nn.functional as F
 
 from rlkernel.nn.opset import OpSet
 
-__all__ = ["NATIVE", "attention", "attention_paged", "embedding", "linear", "rms_norm", "rope", "sample",
-           "silu_mul", "token_logprobs"]
+__all__ = ["NATIVE", "attention", "attention_paged", "embedding", "linear", "log_softmax", "rms_norm", "rope",
+           "sample", "silu_mul", "token_logprobs"]
 
 #: RoPE tables: (head_dim, theta, device) -> (cos, sin), float32 [rows, head_dim].
 _rope_cache: dict[tuple[int, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -221,6 +222,11 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.to(torch.int64).unsqueeze(-1)).squeeze(-1)
 
 
+def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.log_softmax``."""
+    return torch.log_softmax(x, dim=dim, dtype=dtype)
+
+
 def _top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """vLLM's torch ``apply_top_k_top_p``: -inf outside each row's top-k, then outside its top-p nucleus."""
     v = x.shape[-1]
@@ -260,4 +266,4 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
 #: torch's own ops under rlkernel.ops' signatures: ``LLM(model, ops="native")``. ``bitwise=False``.
 NATIVE = OpSet(name="native", bitwise=False, embedding=embedding, linear=linear, rms_norm=rms_norm, rope=rope,
                silu_mul=silu_mul, attention=attention, attention_paged=attention_paged,
-               token_logprobs=token_logprobs, sample=sample)
+               token_logprobs=token_logprobs, log_softmax=log_softmax, sample=sample)
