@@ -5,6 +5,7 @@ nine products (D0 D1 D2 P01 P02 P12 E0 E1 E2) beats the 12-dot kernel, and check
 equals ``linear_partial``'s bit for bit.
 """
 
+# ruff: noqa: B023  (each lambda is timed inside its own loop iteration)
 from __future__ import annotations
 
 import json

@@ -18,6 +18,7 @@ Writes ``profile_e2e.json`` and ``profile_e2e.md`` (top kernels per part) to ``-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -81,6 +82,10 @@ def _minus(full: list[dict[str, Any]], part: list[dict[str, Any]]) -> list[dict[
     return sorted(rows, key=lambda r: -r["ms"])
 
 
+def _generate(llm: Any, prompts: list[list[int]], params: Any, n: int) -> None:
+    llm.generate(prompts, params(max_tokens=n, temperature=1.0, ignore_eos=True, seed=1))
+
+
 def rollout(model: Any, ops: str, prompts: list[list[int]], args: argparse.Namespace,
             device: torch.device) -> dict[str, Any]:
     """Kernels of a generate of one token (the prefill) and of ``--new-tokens`` (prefill + decode steps)."""
@@ -91,12 +96,9 @@ def rollout(model: Any, ops: str, prompts: list[list[int]], args: argparse.Names
               max_num_batched_tokens=max(2048, len(prompts) * len(prompts[0])), max_model_len=max_len,
               enforce_eager=True, seed=0, ops=ops)  # type: ignore[arg-type]
 
-    def gen(n: int) -> None:
-        llm.generate(prompts, SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True, seed=1))
-
-    gen(2)  # warm-up: compiles
-    prefill = _kernels(_profile(lambda: gen(1), device))
-    full = _kernels(_profile(lambda: gen(args.new_tokens), device))
+    _generate(llm, prompts, SamplingParams, 2)  # warm-up: compiles
+    prefill = _kernels(_profile(functools.partial(_generate, llm, prompts, SamplingParams, 1), device))
+    full = _kernels(_profile(functools.partial(_generate, llm, prompts, SamplingParams, args.new_tokens), device))
     decode = _minus(full, prefill)
     del llm
     if device.type == "cuda":
@@ -218,7 +220,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     parts = args.parts.split(",")
-    out: dict[str, Any] = {"config": args.config, "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    out: dict[str, Any] = {"config": args.config, "device_name": name,
                            "command": "python tools/profile_e2e.py " + " ".join(argv or sys.argv[1:])}
     dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)

@@ -123,7 +123,8 @@ class ModelRunner:
         return self.model(input_ids, position_ids, meta, self.kv_cache, check=self.check)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """int64 [B]: each sequence's next token from the sample op on its fp32 logits (its seed, the token's position)."""
+        """int64 [B]: each sequence's next token from the sample op on its fp32 logits [B, V] (its seed,
+        the token's position)."""
         device = self.device
         temperature = torch.tensor([float(s.params.temperature) for s in seqs], dtype=torch.float32, device=device)
         top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.int64, device=device)
