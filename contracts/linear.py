@@ -766,6 +766,8 @@ def bench_cases() -> list[BenchCase]:
     shapes = [("qwen3_8b", "large", mkn) for mkn in ((1, 4096, 4096), (8, 4096, 12288), (64, 4096, 4096),
                                                      (256, 12288, 4096), (2048, 4096, 12288), (8192, 4096, 4096))]
     shapes += [("qwen3_0.6b", "small", mkn) for mkn in ((1, 1024, 1024), (16, 1024, 3072), (64, 3072, 1024))]
+    # a rollout's decode step at 256 sequences: o_proj and down_proj (32 output tiles of 128 x 64)
+    shapes += [("qwen3_0.6b", "large", mkn) for mkn in ((256, 2048, 1024), (256, 3072, 1024))]
     cases = []
     for model, size, (m, k, n) in shapes:
         def make(device: torch.device, m: int = m, k: int = k, n: int = n) -> dict[str, Any]:
@@ -773,5 +775,5 @@ def bench_cases() -> list[BenchCase]:
 
         cases.append(BenchCase(name=f"{model}_m{m}_k{k}_n{n}_bf16", make=make, native=_native,
                                flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n), sizes=(size,),
-                               graph=m <= 64))
+                               graph=m <= 64 or model == "qwen3_0.6b"))
     return cases

@@ -55,13 +55,16 @@ def test_cuda_quick_conformance(module: str) -> None:
     assert not foreign, f"{module}: kernels outside the cuda backend ran: {sorted(foreign)}"
 
 
-def test_linear_decode_and_prefill_paths_agree() -> None:
+@pytest.mark.parametrize("n, k", [(4096, 4096), (1024, 2048), (1024, 3072)])
+def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
+    """M = 256 takes the prefill path (N = 1024: 32 output tiles, K split over programs with int64
+    atomics), M <= 64 the decode path: the same bits."""
     from rlkernel.backends.triton import linear as L
     from rlkernel.backends.triton.targets import CUDA
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    w = (torch.randn(4096, 4096, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
-    x = torch.randn(256, 4096, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    x = torch.randn(256, k, generator=g, device="cuda").to(torch.bfloat16)
     x[:, 7] *= 300.0  # an outlier channel
     whole = L.linear(x, w, target=CUDA)  # prefill path (M > 64)
     for m in (1, 3, 16, 64):

@@ -251,14 +251,16 @@ def run_primitive_checks() -> list[dict[str, Any]]:
 
 def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
-    softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges), 16x32 (query x key) tiles in
+    softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges; linear's
+    prefill path from M = 9, with K split over programs), 16x32 (query x key) tiles in
     attention. The bits must not move: tiling is free because every sum is an integer sum."""
     from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-             attention_paged.SMALL_SPLITS)
+             attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
     attention_paged.SMALL_SPLITS = True
+    linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs)
     records = []
     try:
         for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention"):
@@ -267,7 +269,7 @@ def run_tiling_checks() -> list[dict[str, Any]]:
                 records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-         attention_paged.SMALL_SPLITS) = saved
+         attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M) = saved
     records.extend(run_sample_split_checks())
     return records
 

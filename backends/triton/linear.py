@@ -19,12 +19,15 @@
    GEMM reads the bf16/fp16 weight again and makes its digits in registers, so the weight never
    exists as int8 planes in memory. Few output tiles (small M and N) split K over programs
    (``ATOMIC``): each adds its int64 partial C into a zeroed int64 buffer with integer atomics,
-   and ``_linear_finish_kernel`` applies the epilogue.
+   and ``_linear_finish_kernel`` applies the epilogue. The prefill path splits K the same way when
+   its output tiles leave half the SMs idle (``PREFILL_SPLIT_MIN_STEPS``).
 
 Every product is an exact integer, so any tiling, K order or split gives the same ``C``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -49,6 +52,10 @@ MAX_K = (1 << 16) - 1
 K_CHUNK = 1 << 16
 #: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
 DECODE_MAX_M = 64
+#: the prefill path splits K over programs when its output tiles fill less than half the GPU's
+#: SMs (M = 256 rows of a decode step at N = 1024: 32 tiles on 132 SMs), each split at least this
+#: many BLOCK_K steps; the int64 partials are added with atomics into a zeroed buffer (exact)
+PREFILL_SPLIT_MIN_STEPS = 4
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -275,6 +282,30 @@ def _tiles(m: int, decode: bool, target: TritonTarget) -> tuple[int, int, int, i
     return target.linear_prefill
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    """SMs (CUs on ROCm builds of torch, which present AMD GPUs as "cuda" devices) of a GPU."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _prefill_k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
+    """K per program of the prefill path: ``k`` (no split) unless its ``tiles`` output tiles leave
+    half of the SMs idle; then as many splits as whole waves allow, each of at least
+    ``PREFILL_SPLIT_MIN_STEPS`` BLOCK_K steps. The interpreter (``SMALL_TILES``) pretends 64 SMs
+    and one step, so small cases split too."""
+    if SMALL_TILES:
+        sms, min_steps = 64, 1
+    elif device.type == "cuda":
+        sms, min_steps = _sm_count(device.index if device.index is not None else torch.cuda.current_device()), \
+            PREFILL_SPLIT_MIN_STEPS
+    else:
+        return k
+    splits = min(sms // max(tiles, 1), triton.cdiv(k, bk) // min_steps)
+    if splits <= 1:
+        return k
+    return triton.cdiv(triton.cdiv(k, bk), splits) * bk
+
+
 def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTarget) -> int:
     """K per program of a split-K launch: enough programs for every SM/CU (the target's
     ``split_k_waves`` each), whole BLOCK_K steps per slice; ``k`` (no split) when the output tiles
@@ -282,7 +313,8 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTa
     if device.type != "cuda" and not SMALL_TILES:
         return k
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 2
     splits = min(triton.cdiv(k, bk), triton.cdiv(target.split_k_waves * sms, tiles))
     if splits <= 1:
         return k
@@ -331,7 +363,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
         return y.zero_(), ex, ew
     bm, bn, bk, warps, stages = _tiles(m, decode, target)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    k_split = _k_split(tiles, k, bk, x.device, target) if decode else k
+    k_split = _k_split(tiles, k, bk, x.device, target) if decode else _prefill_k_split(tiles, k, bk, x.device)
     atomic = k_split < k
     acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
     _launch_gemm(xd, ex, weight, wd, ew, bias if not atomic else None, acc, k_split, (bm, bn, bk, warps, stages),
@@ -437,6 +469,7 @@ def static_specs(target: TritonTarget):
     gemm("decode_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", decode, w_digits=False, finish=False,
          atomic=True)
     gemm("partial_gemm_int64_out", "*i8", "*i64", prefill, w_digits=True, finish=False)
+    gemm("prefill_split_k_int64_atomic", "*i8", "*i64", prefill, w_digits=True, finish=False, atomic=True)
     specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
                   {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",
                    "M": "i32", "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
