@@ -3,17 +3,19 @@
 The trainer's weight gradients live in these states (int64 ``[*E, 20]`` per parameter element,
 160 bytes each: 25 GB for a 152k x 1024 LM head), so their speed is the speed of every exact
 accumulation. Each kernel is elementwise over the output elements: a program holds ``R``
-elements' states in registers as int64 ``[R, 32]`` (the slot layout of ``_tl_superacc``: limbs
-0..15, the carry limb 16, the NaN / +inf / -inf counts 17..19), so each state is read and
+elements, one per thread, and each of the 20 slots of their states (limbs 0..15, the carry limb
+16, the NaN / +inf / -inf counts 17..19) is an int64 ``[R]`` vector of its own, so a carry ripple
+is 16 shift-and-mask steps per element (a first version kept the states as ``[R, 32]`` tiles and
+read slots by reductions over the 32: 58x the bytes floor on the H200). Each state is read and
 written once.
 
-- ``_partial_kernel``: the terms ``[S, n]`` of ``R`` elements, ``S_STEP`` terms at a time, decomposed
-  into raw int64 limb sums (exact for ``CHUNK`` = 2**22 terms, contributions < 2**39), folded into
-  the state and made canonical once per chunk; the specials counted.
+- ``_partial_kernel``: the terms ``[S, n]`` of ``R`` elements, one term row at a time, decomposed
+  (``_tl_superacc.term_limbs``) into raw int64 limb sums (exact for ``CHUNK`` = 2**22 terms,
+  contributions < 2**39), made canonical once per chunk; the specials counted.
 - ``_merge_kernel``: the ``K`` states of each element, each made canonical, added slot by slot,
   made canonical (the canonical form is unique per value, so this is the generic code's state).
-- ``_finish_kernel``: ``RN32`` of each state (``_tl_superacc.round_state``: top three 16-bit limbs
-  and a sticky bit, ties to even, the P10 special rules).
+- ``_finish_kernel``: ``RN32`` of each state (the steps of ``_tl_superacc.round_state``: top three
+  16-bit limbs and a sticky bit, ties to even, the P10 special rules).
 
 Every sum is an integer sum and every element is independent, so the tiling cannot change a
 bit. The scatter form of ``exact_sum_partial`` (``index``: embedding gradients) runs the
@@ -29,6 +31,7 @@ import triton.language as tl
 from rlkernel import dispatch
 from rlkernel.backends.generic import exact_sum as _generic
 
+from . import _tl_exact as E
 from . import _tl_superacc as S
 from ._common import LAUNCH, cdiv
 
@@ -36,85 +39,330 @@ from ._common import LAUNCH, cdiv
 SLOTS = 20
 #: terms folded into the state per normalisation (raw limb sums stay below 2**61)
 CHUNK = 1 << 22
-#: elements per program, terms per step, warps
-ROWS, S_STEP, WARPS = 64, 4, 4
+#: elements per program (one per thread), warps
+ROWS, WARPS = 128, 4
 #: the variant reported where the device-generic torch code runs (the scatter form)
 GENERIC_VARIANT = "torch-exact"
-#: test hook: 4 elements per program, 2 terms per step and normalisation every 4 terms, so the
-#: chunk loop, the masks and several programs run at small sizes
+#: test hook: 4 elements per program and a normalisation every 4 terms, so the chunk loop, the
+#: masks and several programs run at small sizes
 SMALL_TILES = False
 
 
 @triton.jit
-def _load_state(ptr, e, ok):
-    """States of elements ``e [R]`` (int64 ``[n, 20]`` at ``ptr``) as ``[R, 32]`` (slots 20..31 zero)."""
-    idx = tl.arange(0, 32)[None, :]
-    return tl.load(ptr + e[:, None] * 20 + idx, mask=ok[:, None] & (idx < 20), other=0)
+def _c(c, x):
+    """One step of the carry ripple: ``(carry out, limb in [0, 2**16))`` of limb ``x`` plus carry ``c``
+    (floor carries: an arithmetic shift)."""
+    t = x + c
+    return t >> 16, t & 0xFFFF
 
 
 @triton.jit
-def _store_state(ptr, e, ok, x):
-    idx = tl.arange(0, 32)[None, :]
-    tl.store(ptr + e[:, None] * 20 + idx, x, mask=ok[:, None] & (idx < 20))
+def _normalize(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16):
+    """Canonical form of limbs 0..15 and the carry limb 16 (each an int64 ``[R]``, |limb| < 2**62):
+    one exact floor-carry ripple from limb 0 up."""
+    c, l0 = _c(0, l0)
+    c, l1 = _c(c, l1)
+    c, l2 = _c(c, l2)
+    c, l3 = _c(c, l3)
+    c, l4 = _c(c, l4)
+    c, l5 = _c(c, l5)
+    c, l6 = _c(c, l6)
+    c, l7 = _c(c, l7)
+    c, l8 = _c(c, l8)
+    c, l9 = _c(c, l9)
+    c, l10 = _c(c, l10)
+    c, l11 = _c(c, l11)
+    c, l12 = _c(c, l12)
+    c, l13 = _c(c, l13)
+    c, l14 = _c(c, l14)
+    c, l15 = _c(c, l15)
+    return l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 + c
 
 
 @triton.jit
-def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr, S_STEP: tl.constexpr):
-    """States of ``R`` elements of the terms ``[S_TERMS, n]`` (fp32) summed over axis 0."""
+def _ld(ptr, e, ok, i):
+    """Slot ``i`` of the states of elements ``e [R]`` (int64 ``[n, 20]`` at ``ptr``)."""
+    return tl.load(ptr + e * 20 + i, mask=ok, other=0)
+
+
+@triton.jit
+def _st(ptr, e, ok, i, v):
+    tl.store(ptr + e * 20 + i, v, mask=ok)
+
+
+@triton.jit
+def _store_state(p, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf):
+    _st(p, e, ok, 0, l0)
+    _st(p, e, ok, 1, l1)
+    _st(p, e, ok, 2, l2)
+    _st(p, e, ok, 3, l3)
+    _st(p, e, ok, 4, l4)
+    _st(p, e, ok, 5, l5)
+    _st(p, e, ok, 6, l6)
+    _st(p, e, ok, 7, l7)
+    _st(p, e, ok, 8, l8)
+    _st(p, e, ok, 9, l9)
+    _st(p, e, ok, 10, l10)
+    _st(p, e, ok, 11, l11)
+    _st(p, e, ok, 12, l12)
+    _st(p, e, ok, 13, l13)
+    _st(p, e, ok, 14, l14)
+    _st(p, e, ok, 15, l15)
+    _st(p, e, ok, 16, l16)
+    _st(p, e, ok, 17, nan)
+    _st(p, e, ok, 18, pinf)
+    _st(p, e, ok, 19, ninf)
+
+
+@triton.jit
+def _hit(limb, v, i):
+    """``v`` where the term's limb index is ``i``, else 0."""
+    return tl.where(limb == i, v, 0)
+
+
+@triton.jit
+def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+    """States of ``R`` elements of the terms ``[S_TERMS, n]`` (fp32) summed over axis 0: each term's
+    signed limb contribution added to its limb (int64 sums, exact for ``CHUNK_TERMS`` terms), the
+    limbs made canonical once per chunk, the specials counted."""
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
-    js = tl.arange(0, S_STEP)
-    idx = tl.arange(0, 32)[None, :]
-    x = tl.zeros([R, 32], tl.int64)
-    nan = tl.zeros([R], tl.int64)
-    pinf = tl.zeros([R], tl.int64)
-    ninf = tl.zeros([R], tl.int64)
+    z = tl.zeros([R], tl.int64)
+    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
+    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
+    nan, pinf, ninf = z, z, z
     for c0 in range(0, S_TERMS, CHUNK_TERMS):
-        c1 = tl.minimum(c0 + CHUNK_TERMS, S_TERMS)
-        r16 = tl.zeros([R, 16], tl.int64)
-        for s0 in range(c0, c1, S_STEP):
-            s = s0 + js
-            valid = ok[:, None] & (s < c1)[None, :]
-            t = tl.load(t_ptr + s[None, :].to(tl.int64) * n + e[:, None], mask=valid, other=0.0)
-            r16 += S.raw_limbs(t, valid)
-            a, b, c = S.special_counts(t, valid)
-            nan += a
-            pinf += b
-            ninf += c
-        x = S.normalize(x + S.widen(r16))
-    x = tl.where(idx == 17, nan[:, None], x)
-    x = tl.where(idx == 18, pinf[:, None], x)
-    x = tl.where(idx == 19, ninf[:, None], x)
-    _store_state(out_ptr, e, ok, x)
+        for s in range(c0, tl.minimum(c0 + CHUNK_TERMS, S_TERMS)):
+            t = tl.load(t_ptr + s * n + e, mask=ok, other=0.0)
+            limb, v = S.term_limbs(t)
+            l0 += _hit(limb, v, 0)
+            l1 += _hit(limb, v, 1)
+            l2 += _hit(limb, v, 2)
+            l3 += _hit(limb, v, 3)
+            l4 += _hit(limb, v, 4)
+            l5 += _hit(limb, v, 5)
+            l6 += _hit(limb, v, 6)
+            l7 += _hit(limb, v, 7)
+            l8 += _hit(limb, v, 8)
+            l9 += _hit(limb, v, 9)
+            l10 += _hit(limb, v, 10)
+            l11 += _hit(limb, v, 11)
+            l12 += _hit(limb, v, 12)
+            l13 += _hit(limb, v, 13)
+            l14 += _hit(limb, v, 14)
+            l15 += _hit(limb, v, 15)
+            b = E.f32_bits(t)
+            nan += ((b & 0x7FFFFFFF) > 0x7F800000).to(tl.int64)
+            pinf += (b == 0x7F800000).to(tl.int64)
+            ninf += (b == -8388608).to(tl.int64)  # 0xFF800000 as int32
+        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
+            l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
+    _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+                 nan, pinf, ninf)
 
 
 @triton.jit
 def _merge_kernel(s_ptr, out_ptr, K, n, R: tl.constexpr):
-    """The canonical state of the ``K`` states ``[K, n, 20]`` of each of ``R`` elements."""
+    """The canonical state of the ``K`` states ``[K, n, 20]`` of each of ``R`` elements: each state
+    made canonical (as the generic code does), added slot by slot, made canonical."""
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
-    x = tl.zeros([R, 32], tl.int64)
+    z = tl.zeros([R], tl.int64)
+    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
+    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
+    nan, pinf, ninf = z, z, z
     for k in range(0, K):
-        x += S.normalize(_load_state(s_ptr + k * (n * 20), e, ok))
-    _store_state(out_ptr, e, ok, S.normalize(x))
+        p = s_ptr + k * (n * 20)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 = _normalize(
+            _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
+            _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
+            _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
+            _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+        l0 += a0
+        l1 += a1
+        l2 += a2
+        l3 += a3
+        l4 += a4
+        l5 += a5
+        l6 += a6
+        l7 += a7
+        l8 += a8
+        l9 += a9
+        l10 += a10
+        l11 += a11
+        l12 += a12
+        l13 += a13
+        l14 += a14
+        l15 += a15
+        l16 += a16
+        nan += _ld(p, e, ok, 17)
+        pinf += _ld(p, e, ok, 18)
+        ninf += _ld(p, e, ok, 19)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
+        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
+    _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+                 nan, pinf, ninf)
+
+
+@triton.jit
+def _top(k, i, v):
+    """``i`` where limb ``v`` is nonzero, else ``k`` (scanned from limb 0 up: the top nonzero limb)."""
+    return tl.where(v != 0, i, k)
+
+
+@triton.jit
+def _at(k, i, v, acc):
+    """``v`` where ``k == i``, else ``acc`` (limb ``k`` by a select chain)."""
+    return tl.where(k == i, v, acc)
+
+
+@triton.jit
+def _below(lim, i, v, acc):
+    """``acc`` or a nonzero limb ``v`` below limb ``lim`` (the sticky bit)."""
+    return acc | ((v != 0) & (i < lim))
 
 
 @triton.jit
 def _finish_kernel(s_ptr, out_ptr, n, R: tl.constexpr):
-    """``RN32`` of the states ``[n, 20]`` of ``R`` elements (fp32)."""
+    """``RN32`` of the states ``[n, 20]`` of ``R`` elements (fp32): the magnitude made canonical
+    (its sign from the carry limb), the top three nonzero 16-bit limbs of limbs 0..19 (16..19 are the
+    carry limb's four 16-bit pieces) and a sticky bit for every nonzero limb below, one RNE rounding
+    to 24 bits, the P10 special rules from the counts (as ``_tl_superacc.round_state``)."""
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
-    x = _load_state(s_ptr, e, ok)
-    y = S.round_state(x, S.col(x, 17), S.col(x, 18), S.col(x, 19))
+    p = s_ptr
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
+        _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
+        _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
+        _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
+        _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+    nan = _ld(p, e, ok, 17)
+    pinf = _ld(p, e, ok, 18)
+    ninf = _ld(p, e, ok, 19)
+    neg = l16 < 0
+    m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, m16 = _normalize(
+        -l0, -l1, -l2, -l3, -l4, -l5, -l6, -l7, -l8, -l9, -l10, -l11, -l12, -l13, -l14, -l15, -l16)
+    l0 = tl.where(neg, m0, l0)
+    l1 = tl.where(neg, m1, l1)
+    l2 = tl.where(neg, m2, l2)
+    l3 = tl.where(neg, m3, l3)
+    l4 = tl.where(neg, m4, l4)
+    l5 = tl.where(neg, m5, l5)
+    l6 = tl.where(neg, m6, l6)
+    l7 = tl.where(neg, m7, l7)
+    l8 = tl.where(neg, m8, l8)
+    l9 = tl.where(neg, m9, l9)
+    l10 = tl.where(neg, m10, l10)
+    l11 = tl.where(neg, m11, l11)
+    l12 = tl.where(neg, m12, l12)
+    l13 = tl.where(neg, m13, l13)
+    l14 = tl.where(neg, m14, l14)
+    l15 = tl.where(neg, m15, l15)
+    top = tl.where(neg, m16, l16)  # the magnitude's carry limb, in [0, 2**62): limbs 16..19
+    l16 = top & 0xFFFF
+    l17 = (top >> 16) & 0xFFFF
+    l18 = (top >> 32) & 0xFFFF
+    l19 = (top >> 48) & 0xFFFF
+    k = tl.full([R], -1, tl.int32)
+    k = _top(k, 0, l0)
+    k = _top(k, 1, l1)
+    k = _top(k, 2, l2)
+    k = _top(k, 3, l3)
+    k = _top(k, 4, l4)
+    k = _top(k, 5, l5)
+    k = _top(k, 6, l6)
+    k = _top(k, 7, l7)
+    k = _top(k, 8, l8)
+    k = _top(k, 9, l9)
+    k = _top(k, 10, l10)
+    k = _top(k, 11, l11)
+    k = _top(k, 12, l12)
+    k = _top(k, 13, l13)
+    k = _top(k, 14, l14)
+    k = _top(k, 15, l15)
+    k = _top(k, 16, l16)
+    k = _top(k, 17, l17)
+    k = _top(k, 18, l18)
+    k = _top(k, 19, l19)
+    zero = k < 0
+    kk = tl.maximum(k, 0)
+    h2 = _limb_at(kk, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19)
+    h1 = _limb_at(kk - 1, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19)
+    h0 = _limb_at(kk - 2, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19)
+    lim = kk - 2
+    st = tl.zeros([R], tl.int1)
+    st = _below(lim, 0, l0, st)
+    st = _below(lim, 1, l1, st)
+    st = _below(lim, 2, l2, st)
+    st = _below(lim, 3, l3, st)
+    st = _below(lim, 4, l4, st)
+    st = _below(lim, 5, l5, st)
+    st = _below(lim, 6, l6, st)
+    st = _below(lim, 7, l7, st)
+    st = _below(lim, 8, l8, st)
+    st = _below(lim, 9, l9, st)
+    st = _below(lim, 10, l10, st)
+    st = _below(lim, 11, l11, st)
+    st = _below(lim, 12, l12, st)
+    st = _below(lim, 13, l13, st)
+    st = _below(lim, 14, l14, st)
+    st = _below(lim, 15, l15, st)
+    st = _below(lim, 16, l16, st)
+    st = _below(lim, 17, l17, st)
+    head = (h2 << 32) | (h1 << 16) | h0
+    head = tl.where(zero, 4294967296, head)  # harmless stand-in (2**32) for a zero sum
+    drop = E.bit_length_i64(head) - 24  # >= 9
+    q = head >> drop
+    rem = head - (q << drop)
+    half = tl.full(drop.shape, 1, tl.int64) << (drop - 1)
+    up = (rem > half) | ((rem == half) & (st | ((q & 1) == 1)))
+    q = q + up.to(tl.int64)  # <= 2**24: exact in fp32
+    scale = drop + 16 * (kk.to(tl.int64) - 2) - 149
+    overflow = E.bit_length_i64(q) + scale > 128
+    scale = tl.where(overflow, 0, scale).to(tl.int32)
+    a = scale >> 1  # both halves in [-86, 52]: normal powers of two
+    mag = (q.to(tl.int32).to(tl.float32) * E.pow2_f32(a)) * E.pow2_f32(scale - a)
+    mag = tl.where(overflow, float("inf"), mag)
+    mag = tl.where(zero, 0.0, mag)
+    y = tl.where(neg, -mag, mag)
+    y = tl.where(pinf > 0, float("inf"), y)
+    y = tl.where(ninf > 0, float("-inf"), y)
+    y = tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), E.canonical_nan_f32(y), y)
     tl.store(out_ptr + e, y, mask=ok)
+
+
+@triton.jit
+def _limb_at(k, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19):
+    """Limb ``k`` of the twenty (0 for k < 0)."""
+    v = tl.zeros(l0.shape, tl.int64)
+    v = _at(k, 0, l0, v)
+    v = _at(k, 1, l1, v)
+    v = _at(k, 2, l2, v)
+    v = _at(k, 3, l3, v)
+    v = _at(k, 4, l4, v)
+    v = _at(k, 5, l5, v)
+    v = _at(k, 6, l6, v)
+    v = _at(k, 7, l7, v)
+    v = _at(k, 8, l8, v)
+    v = _at(k, 9, l9, v)
+    v = _at(k, 10, l10, v)
+    v = _at(k, 11, l11, v)
+    v = _at(k, 12, l12, v)
+    v = _at(k, 13, l13, v)
+    v = _at(k, 14, l14, v)
+    v = _at(k, 15, l15, v)
+    v = _at(k, 16, l16, v)
+    v = _at(k, 17, l17, v)
+    v = _at(k, 18, l18, v)
+    return _at(k, 19, l19, v)
 
 
 # ----------------------------------------------------------------------------- host side
 
 
-def _tiles() -> tuple[int, int, int]:
-    """(elements per program, terms per step, terms per normalisation)."""
-    return (4, 2, 4) if SMALL_TILES else (ROWS, S_STEP, CHUNK)
+def _tiles() -> tuple[int, int]:
+    """(elements per program, terms per normalisation)."""
+    return (4, 4) if SMALL_TILES else (ROWS, CHUNK)
 
 
 def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
@@ -130,9 +378,8 @@ def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
     if n == 0:
         return out
     t = terms.to(torch.float32).contiguous()
-    r, step, chunk = _tiles()
-    _partial_kernel[(cdiv(n, r),)](t, out, t.shape[0], n, CHUNK_TERMS=chunk, R=r, S_STEP=step, num_warps=WARPS,
-                                   **LAUNCH)
+    r, chunk = _tiles()
+    _partial_kernel[(cdiv(n, r),)](t, out, t.shape[0], n, CHUNK_TERMS=chunk, R=r, num_warps=WARPS, **LAUNCH)
     return out
 
 
@@ -166,8 +413,8 @@ def static_specs(target):
     return [
         ("exact_sum_partial", "fp32_terms", _partial_kernel,
          {"t_ptr": "*fp32", "out_ptr": "*i64", "S_TERMS": "i32", "n": "i64", "CHUNK_TERMS": "constexpr",
-          "R": "constexpr", "S_STEP": "constexpr"},
-         {"CHUNK_TERMS": CHUNK, "R": ROWS, "S_STEP": S_STEP}, {"num_warps": WARPS}),
+          "R": "constexpr"},
+         {"CHUNK_TERMS": CHUNK, "R": ROWS}, {"num_warps": WARPS}),
         ("exact_sum_merge", "states", _merge_kernel,
          {"s_ptr": "*i64", "out_ptr": "*i64", "K": "i32", "n": "i64", "R": "constexpr"},
          {"R": ROWS}, {"num_warps": WARPS}),
