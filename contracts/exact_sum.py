@@ -275,9 +275,13 @@ def _native_sum(terms: torch.Tensor) -> torch.Tensor:
     return terms.sum(dim=0)
 
 
+def _native_merge(states: torch.Tensor) -> torch.Tensor:
+    return states.sum(dim=0)
+
+
 def bench_cases() -> list[BenchCase]:
     """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight (large),
-    of a 256 x 256 weight (small)."""
+    of a 256 x 256 weight (small); and the merge of two states of such weights."""
     cases = []
     for name, s, n, sizes in (("S64_1024x1024", 64, 1 << 20, ("large",)), ("S64_256x256", 64, 1 << 16, ("small",))):
         def make(device: torch.device, s: int = s, n: int = n) -> dict[str, Any]:
@@ -286,4 +290,14 @@ def bench_cases() -> list[BenchCase]:
 
         cases.append(BenchCase(name=name, make=make, native=_native_sum, flops=float(s * n),
                                bytes=4.0 * s * n + 160.0 * n, op="exact_sum_partial", sizes=sizes))
+    # the trainer's accumulation: a unit's state merged into the accumulator of a weight (one
+    # step of ExactGradients), against the integer sum of the same int64 slots
+    for name, n, sizes in (("K2_1024x1024", 1 << 20, ("large",)), ("K2_256x256", 1 << 16, ("small",))):
+        def make_states(device: torch.device, n: int = n) -> dict[str, Any]:
+            g = torch.Generator(device=device).manual_seed(1)
+            t = torch.randn(2, n, generator=g, device=device)
+            return {"states": torch.stack([partial_reference(t[:1]), partial_reference(t[1:] * 3.0)])}
+
+        cases.append(BenchCase(name=name, make=make_states, native=_native_merge, flops=float(2 * n),
+                               bytes=3 * 160.0 * n, op="exact_sum_merge", sizes=sizes))
     return cases
