@@ -41,6 +41,8 @@ SLOTS = 20
 CHUNK = 1 << 22
 #: elements per program (one per thread), warps
 ROWS, WARPS = 128, 4
+#: largest ``s * n`` / ``k * n * 20`` a launch forms (int32 when Triton specialises n as int32)
+MAX_FLAT = (1 << 31) - 1
 #: the variant reported where the device-generic torch code runs (the scatter form)
 GENERIC_VARIANT = "torch-exact"
 #: test hook: 4 elements per program and a normalisation every 4 terms, so the chunk loop, the
@@ -365,6 +367,21 @@ def _tiles() -> tuple[int, int]:
     return (4, 4) if SMALL_TILES else (ROWS, CHUNK)
 
 
+def _blocks(op: str, n: int, per_element: int) -> list[tuple[int, int]]:
+    """Element ranges ``[e0, e1)`` of one launch each: the kernels form ``s * n`` (partial) and
+    ``k * n * 20`` (merge) in 32-bit arithmetic when Triton specialises ``n`` as int32, so a launch
+    keeps ``(e1 - e0) * per_element`` within ``MAX_FLAT`` (one range when all of ``n`` fits; the
+    interpreter's small tiles use a limit of 512 so that the blocked path runs there too)."""
+    limit = 512 if SMALL_TILES else MAX_FLAT
+    if per_element > limit:
+        raise ValueError(f"{op}: {per_element} int32-indexed entries per element exceed {limit}; "
+                         f"split the call (fewer terms or states at a time)")
+    if n * per_element <= limit:
+        return [(0, n)]
+    step = limit // per_element
+    return [(e0, min(n, e0 + step)) for e0 in range(0, n, step)]
+
+
 def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
                       num_rows: int | None = None) -> torch.Tensor:
     """Kernel ``exact_sum_partial``: canonical int64 states ``[*E, 20]`` of the fp32 terms ``[S, *E]``
@@ -377,9 +394,14 @@ def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
     n = out.numel() // SLOTS
     if n == 0:
         return out
-    t = terms.to(torch.float32).contiguous()
+    t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
+    o = out.view(n, SLOTS)
     r, chunk = _tiles()
-    _partial_kernel[(cdiv(n, r),)](t, out, t.shape[0], n, CHUNK_TERMS=chunk, R=r, num_warps=WARPS, **LAUNCH)
+    blocks = _blocks("exact_sum_partial", n, t.shape[0])
+    for e0, e1 in blocks:
+        tb = t if len(blocks) == 1 else t[:, e0:e1].contiguous()
+        _partial_kernel[(cdiv(e1 - e0, r),)](tb, o[e0:e1], t.shape[0], e1 - e0, CHUNK_TERMS=chunk, R=r,
+                                             num_warps=WARPS, **LAUNCH)
     return out
 
 
@@ -391,9 +413,13 @@ def exact_sum_merge(states: torch.Tensor) -> torch.Tensor:
         return out
     if states.shape[0] == 0:
         return out.zero_()
-    s = states.contiguous()
+    s = states.contiguous().reshape(states.shape[0], n, SLOTS)
+    o = out.view(n, SLOTS)
     r = _tiles()[0]
-    _merge_kernel[(cdiv(n, r),)](s, out, s.shape[0], n, R=r, num_warps=WARPS, **LAUNCH)
+    blocks = _blocks("exact_sum_merge", n, s.shape[0] * SLOTS)
+    for e0, e1 in blocks:
+        sb = s if len(blocks) == 1 else s[:, e0:e1].contiguous()
+        _merge_kernel[(cdiv(e1 - e0, r),)](sb, o[e0:e1], s.shape[0], e1 - e0, R=r, num_warps=WARPS, **LAUNCH)
     return out
 
 
