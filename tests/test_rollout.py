@@ -130,10 +130,17 @@ def test_logprobs_of_logits_equal_token_logprobs(model, temperature) -> None:
     assert_same_bits(want, got, f"logprobs_of_logits at temperature {temperature}")
 
 
-def test_logprobs_of_logits_refuses_bad_temperature(model) -> None:
-    logits = torch.zeros(1, model.lm_head.weight.shape[0])
+def test_logprobs_of_logits_refuses_bad_input(model) -> None:
+    v = model.lm_head.weight.shape[0]
+    logits, ids = torch.zeros(2, v), torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="temperature"):
-        model.logprobs_of_logits(logits, torch.zeros(1, dtype=torch.int64), 0.0)
+        model.logprobs_of_logits(logits, ids, 0.0)
+    with pytest.raises(ValueError, match=rf"span \[0, {v}\]"):
+        model.logprobs_of_logits(logits, torch.tensor([0, v]), 1.0)
+    with pytest.raises(ValueError, match="int64 \\[2\\]"):
+        model.logprobs_of_logits(logits, ids[:1], 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        model.logprobs_of_logits(logits.bfloat16(), ids, 1.0)
 
 
 @pytest.mark.parametrize("max_num_seqs, max_num_batched_tokens, block_size", [

@@ -194,6 +194,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         -------
         Tensor, float32, [B]: the bits :meth:`logprobs` gives for the hidden rows of ``logits``.
 
+        Raises
+        ------
+        TypeError
+            logits not float32 [B, V].
+        ValueError
+            targets not int64 [B] or an id outside [0, V); temperature not a finite value > 0.
+
         Bitwise semantics
         -----------------
         Contract ``token_logprobs`` v1 from its step 2 on: ``z = logits / fp32(temperature)`` (one
@@ -204,14 +211,25 @@ class ParallelLMHead(VocabParallelEmbedding):
         this to score the tokens it sampled without a second LM-head GEMM;
         ``tests/test_rollout.py`` checks it against :meth:`logprobs` bit for bit.
         """
-        z = logits.to(torch.float32)
+        if logits.dtype != torch.float32 or logits.dim() != 2:
+            raise TypeError(f"logprobs_of_logits: logits {logits.dtype}{list(logits.shape)}; expected float32 [B, V] "
+                            f"as ParallelLMHead.logits returns")
+        if targets.shape != (logits.shape[0],) or targets.dtype != torch.int64:
+            raise ValueError(f"logprobs_of_logits: targets {targets.dtype}{list(targets.shape)}; expected int64 "
+                             f"[{logits.shape[0]}], one token id per logits row")
+        if targets.numel():
+            lo, hi = (int(v) for v in torch.stack(torch.aminmax(targets)).tolist())
+            if lo < 0 or hi >= logits.shape[1]:
+                raise ValueError(f"logprobs_of_logits: target ids span [{lo}, {hi}]; expected ids in "
+                                 f"[0, {logits.shape[1]}) (the vocabulary of the logits)")
+        z = logits
         tau = float(torch.tensor(temperature, dtype=torch.float32))
         if not tau > 0.0 or tau == float("inf"):
             raise ValueError(f"logprobs_of_logits: temperature {temperature!r}; expected a finite fp32 value > 0")
         if tau != 1.0:
             z = z / torch.full((z.shape[0], 1), tau, dtype=torch.float32, device=z.device)
         lp = self.ops.log_softmax(z, dim=-1)
-        return lp.gather(-1, targets.to(torch.int64).reshape(-1, 1)).reshape(-1)
+        return lp.gather(-1, targets.reshape(-1, 1)).reshape(-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Whole-vocabulary fp32 logits ``hidden @ W.T`` of a few rows (the next-token rows, for sampling).
