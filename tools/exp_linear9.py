@@ -30,19 +30,22 @@ def _sel(p, v0, v1, v2, v3, v4, v5, v6, v7, v8):
 
 
 @triton.jit
-def prod9_kernel(xd, wd, c_ptr, M, N, K, x_plane, w_plane,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+def _tile_rows(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """Rows and columns of this program's output tile, tiles in groups of GROUP row-tiles (L2 reuse)."""
     pid = tl.program_id(0)
     npm = tl.cdiv(M, BM)
-    npn = tl.cdiv(N, BN)
-    width = GROUP * npn
-    g = pid // width
-    first = g * GROUP
+    width = GROUP * tl.cdiv(N, BN)
+    first = (pid // width) * GROUP
     gs = tl.minimum(npm - first, GROUP)
     pm = first + (pid % width) % gs
     pn = (pid % width) // gs
-    rm = pm * BM + tl.arange(0, BM)
-    rn = pn * BN + tl.arange(0, BN)
+    return pm * BM + tl.arange(0, BM), pn * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def prod9_kernel(xd, wd, c_ptr, M, N, K, x_plane, w_plane,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    rm, rn = _tile_rows(M, N, BM, BN, GROUP)
     rk = tl.arange(0, BK)
     m_ok = rm < M
     n_ok = rn < N
@@ -73,17 +76,7 @@ def prod9_kernel(xd, wd, c_ptr, M, N, K, x_plane, w_plane,
 def prod9s_kernel(xd, wd, c_ptr, M, N, K, x_plane, w_plane,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """The nine products as nine unrolled K loops (one int32 accumulator each), folded into int64 C."""
-    pid = tl.program_id(0)
-    npm = tl.cdiv(M, BM)
-    npn = tl.cdiv(N, BN)
-    width = GROUP * npn
-    g = pid // width
-    first = g * GROUP
-    gs = tl.minimum(npm - first, GROUP)
-    pm = first + (pid % width) % gs
-    pn = (pid % width) // gs
-    rm = pm * BM + tl.arange(0, BM)
-    rn = pn * BN + tl.arange(0, BN)
+    rm, rn = _tile_rows(M, N, BM, BN, GROUP)
     rk = tl.arange(0, BK)
     m_ok = rm < M
     n_ok = rn < N
@@ -107,17 +100,7 @@ def prod9s_kernel(xd, wd, c_ptr, M, N, K, x_plane, w_plane,
 @triton.jit
 def int8_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      GROUP: tl.constexpr):
-    pid = tl.program_id(0)
-    npm = tl.cdiv(M, BM)
-    npn = tl.cdiv(N, BN)
-    width = GROUP * npn
-    g = pid // width
-    first = g * GROUP
-    gs = tl.minimum(npm - first, GROUP)
-    pm = first + (pid % width) % gs
-    pn = (pid % width) // gs
-    rm = pm * BM + tl.arange(0, BM)
-    rn = pn * BN + tl.arange(0, BN)
+    rm, rn = _tile_rows(M, N, BM, BN, GROUP)
     rk = tl.arange(0, BK)
     acc = tl.zeros([BM, BN], tl.int32)
     for k0 in range(0, K, BK):
