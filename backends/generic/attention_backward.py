@@ -1,7 +1,8 @@
 """Device-generic exact ``attention_backward`` (contract ``attention_backward`` v1).
 
 Independent of the contract reference. Per sequence and KV head the [G, lq, lk] block of the
-G query heads is materialised (O(lq * lk) memory per KV head; blocks are visited one at a time):
+G query heads is materialised (O(lq * lk) memory per KV head; the KV heads of a sequence are
+batched while their blocks hold at most ``BLOCK_ELEMENTS`` elements):
 
 * the forward's scores are recomputed with the forward kernel's own digit GEMM helpers, and its
   probabilities as the forward builds them (row max, reference max, ``exp_c``, the integers ``P``
@@ -25,7 +26,7 @@ import math
 
 import torch
 
-from rlkernel.backends.generic._exact.digits import digit_planes, grid_rows, int_product, row_exponents, split_digits
+from rlkernel.backends.generic._exact.digits import K_CHUNK, digit_planes, grid_rows, row_exponents, split_digits
 from rlkernel.backends.generic._exact.fixed import to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
     cast_out,
@@ -53,6 +54,9 @@ X_DIGITS, W_DIGITS = 4, 3
 MAX_REDUCTION = (1 << 16) - 1
 #: Limb split of C when the scale's significand multiplies it: |C_hi * M|, |C_lo * M| < 2**56.
 SCALE_SPLIT = 32
+#: KV heads of a sequence run together while their [H, G, lq, lk] block holds at most this many
+#: elements (the temporaries are a few int64 / fp32 copies of it and of the digit planes)
+BLOCK_ELEMENTS = 1 << 22
 
 
 def _scale_parts(scale: float) -> tuple[int, int]:
@@ -82,31 +86,53 @@ def _round_once(c: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, scale: tup
     return int64_pair_to_float(hi, lo, SCALE_SPLIT, k + ks, dtype)
 
 
+def _batched_int_product(xd: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    """Exact int64 ``X @ W.T`` per head from digit planes xd [A, H, M, K], wd [B, H, N, K]: [H, M, N].
+
+    The fp32 digit GEMMs reduce over chunks of at most ``K_CHUNK`` (every partial sum an integer
+    below 2**24, exact in any order), their results are combined in int64 (``int_product``'s
+    steps, batched over the heads)."""
+    na, h, m, k = xd.shape
+    nb, n = wd.shape[0], wd.shape[2]
+    acc = torch.zeros((h, m, n), dtype=torch.int64, device=xd.device)
+    w_all = wd.permute(1, 0, 2, 3).reshape(h, nb * n, k)
+    for start in range(0, k, K_CHUNK):
+        stop = min(start + K_CHUNK, k)
+        w_chunk = w_all[:, :, start:stop].transpose(1, 2)
+        for a in range(na):
+            part = torch.matmul(xd[a, :, :, start:stop], w_chunk).to(torch.int64).reshape(h, m, nb, n)
+            for b in range(nb):
+                acc += part[:, :, b, :] << (7 * (a + b))
+    return acc
+
+
 def _exact_product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, x_bits: int,
                    w_bits: int) -> torch.Tensor:
-    """Exact int64 ``X @ W.T`` of x [M, K] and w [N, K] on their row grids (digit GEMMs)."""
-    return int_product(digit_planes(x, ex, x_bits, X_DIGITS), digit_planes(w, ew, w_bits, W_DIGITS))
+    """Exact int64 ``X @ W.T`` per head of x [H, M, K] and w [H, N, K] on their row grids (digit GEMMs): [H, M, N]."""
+    return _batched_int_product(digit_planes(x, ex, x_bits, X_DIGITS), digit_planes(w, ew, w_bits, W_DIGITS))
 
 
 def _grad_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
                   scale: tuple[int, int] | None = None) -> torch.Tensor:
-    """``RN_dtype(scale * x @ w.T)``: x [M, K] on 28-bit row grids, w [N, K] on 21-bit row grids.
+    """``RN_dtype(scale * x @ w.T)`` per head: x [H, M, K] on 28-bit row grids, w [H, N, K] on 21-bit
+    row grids -> [H, M, N].
 
     Non-finite entries read as 0; an x row holding NaN/inf gives a NaN output row.
     """
     ex, ew = row_exponents(x), row_exponents(w)
     c = _exact_product(x, w, ex, ew, GX_BITS, GW_BITS)
-    y = _round_once(c, ex.unsqueeze(1) + ew.unsqueeze(0) - GX_BITS - GW_BITS, dtype, scale)
+    y = _round_once(c, ex.unsqueeze(-1) + ew.unsqueeze(-2) - GX_BITS - GW_BITS, dtype, scale)
     bad = (~torch.isfinite(x)).any(dim=-1)
-    return torch.where(bad.unsqueeze(1), float("nan"), y)
+    return torch.where(bad.unsqueeze(-1), float("nan"), y)
 
 
 def _kv_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
                 scale: tuple[int, int] | None = None) -> torch.Tensor:
-    """dK or dV of one KV head: x [G, lq, lk] (dS or pn), w [G, lq, D] (Q or dO): ONE exact sum over
-    every (head, query) of the group, ``[lk, D]``."""
-    g, lq, lk = x.shape
-    return _grad_product(x.reshape(g * lq, lk).T, w.reshape(g * lq, w.shape[-1]).T, dtype, scale)
+    """dK or dV of KV heads: x [H, G, lq, lk] (dS or pn), w [H, G, lq, D] (Q or dO): per KV head ONE
+    exact sum over every (head, query) of its group, ``[H, lk, D]``."""
+    h, g, lq, lk = x.shape
+    return _grad_product(x.reshape(h, g * lq, lk).transpose(1, 2), w.reshape(h, g * lq, w.shape[-1]).transpose(1, 2),
+                         dtype, scale)
 
 
 def _to_fp32(c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -140,21 +166,23 @@ def _bad_inputs(do: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, eq: torch.Tensor, ek: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The forward's fp32 scores [G, lq, lk] of q [G, lq, D] against k [lk, D] (row exponents eq, ek)."""
-    qd = split_digits(grid_rows(q, eq, QK_GRID))  # [3, G, lq, D]
-    kd = split_digits(grid_rows(k, ek, QK_GRID)).transpose(-1, -2)  # [3, D, lk]
+    """The forward's fp32 scores [H, G, lq, lk] of q [H, G, lq, D] against k [H, lk, D] (row exponents
+    eq [H, G, lq], ek [H, lk])."""
+    qd = split_digits(grid_rows(q, eq, QK_GRID))  # [3, H, G, lq, D]
+    kd = split_digits(grid_rows(k, ek, QK_GRID)).transpose(-1, -2).unsqueeze(2)  # [3, H, 1, D, lk]
     c = _level_matmul(qd, kd)
-    shift = (eq.unsqueeze(-1) + ek - 2 * QK_GRID).clamp(min=-252)
+    shift = (eq.unsqueeze(-1) + ek[:, None, None, :] - 2 * QK_GRID).clamp(min=-252)
     s = scale_pow2(int64_to_f32(c), shift) * scale
-    bad = (~torch.isfinite(q)).any(dim=-1).unsqueeze(-1) | (~torch.isfinite(k)).any(dim=-1)
+    bad = (~torch.isfinite(q)).any(dim=-1).unsqueeze(-1) | (~torch.isfinite(k)).any(dim=-1)[:, None, None, :]
     return torch.where(bad, float("nan"), s)
 
 
 def _probabilities(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward's probabilities, normalised: (pn fp32 [G, lq, lk], bad rows [G, lq])."""
+    """The forward's probabilities, normalised: (pn fp32 [H, G, lq, lk], bad rows [H, G, lq]) of the
+    scores s [H, G, lq, lk] and the values v [H, lk, D]."""
     finite = torch.isfinite(v)
-    vzero = torch.where(finite, v, 0.0).abs().amax(dim=-1) == 0  # [lk]
-    vbad = (~finite).any(dim=-1)
+    vzero = (torch.where(finite, v, 0.0).abs().amax(dim=-1) == 0)[:, None, None, :]  # [H, 1, 1, lk]
+    vbad = (~finite).any(dim=-1)[:, None, None, :]
     m = torch.where(allowed, s, float("-inf")).amax(dim=-1) + 0.0
     contrib = allowed & ~vzero
     c = torch.where(contrib, s, float("-inf")).amax(dim=-1) + 0.0
@@ -166,6 +194,49 @@ def _probabilities(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> t
     big_l = to_fixed(p, e_l.unsqueeze(-1), P_BITS).sum(dim=-1)  # the forward's L (non-finite p -> 0)
     den = int64_to_float(big_l, e_l - P_BITS, torch.float32)
     return _normalise(torch.where(torch.isnan(p), 0.0, p), den.unsqueeze(-1)), bad
+
+
+def _kv_heads(g0: int, g1: int, q0: int, q1: int, k0: int, k1: int, group: int, allowed: torch.Tensor,
+              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
+              eq: torch.Tensor, ek: torch.Tensor, edo: torch.Tensor, eo: torch.Tensor, ev: torch.Tensor,
+              scale_t: torch.Tensor, parts: tuple[int, int], dq: torch.Tensor, dk: torch.Tensor,
+              dv: torch.Tensor) -> None:
+    """The gradients of one sequence (queries ``q0:q1``, keys ``k0:k1``) for KV heads ``g0:g1`` at once,
+    written into dq, dk, dv: every step is per (KV head, query head, row) or an exact sum, so the heads
+    of a batch are independent (the same bits as one head at a time, in H times fewer operations)."""
+    dtype = q.dtype
+    h, d = g1 - g0, q.shape[-1]
+    lq, lk = q1 - q0, k1 - k0
+    heads = slice(g0 * group, g1 * group)
+    kk = k[k0:k1, g0:g1].transpose(0, 1)  # [H, lk, D]
+    vv = v[k0:k1, g0:g1].transpose(0, 1)
+    qg = q[q0:q1, heads].transpose(0, 1).reshape(h, group, lq, d)  # [H, G, lq, D]
+    do = grad_out[q0:q1, heads].transpose(0, 1).reshape(h, group * lq, d)
+    o = out[q0:q1, heads].transpose(0, 1).reshape(h, group * lq, d)
+    e_do = edo[q0:q1, heads].T.reshape(h, group * lq)
+    e_o = eo[q0:q1, heads].T.reshape(h, group * lq)
+    row_bad = _bad_inputs(do, o).view(h, group, lq)
+    if lk == 0:  # non-causal with no keys: the forward's rows are NaN
+        dq[q0:q1, heads] = float("nan")
+        return
+    s_g = _scores(qg, kk, eq[q0:q1, heads].T.reshape(h, group, lq), ek[k0:k1, g0:g1].T, scale_t)
+    pn, bad = _probabilities(s_g, allowed, vv)
+    bad = bad | row_bad
+    # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
+    e_v = ev[k0:k1, g0:g1].T  # [H, lk]
+    dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
+                  e_do.unsqueeze(-1) + e_v.unsqueeze(-2) - DO_BITS - OV_BITS).view(h, group, lq, lk)
+    c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
+    delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(h, group, lq, 1)
+    ds = _ds(pn, dp, delta)
+    keep = allowed & ~bad.unsqueeze(-1)
+    dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
+    pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
+    gq = _grad_product(dsr.reshape(h, group * lq, lk), kk.transpose(1, 2), dtype, parts).view(h, group, lq, d)
+    gq = torch.where(bad.unsqueeze(-1), float("nan"), gq)
+    dq[q0:q1, heads] = cast_out(gq, dtype).reshape(h * group, lq, d).transpose(0, 1)
+    dk[k0:k1, g0:g1] = cast_out(_kv_product(dsr, qg, dtype, parts), dtype).transpose(0, 1)
+    dv[k0:k1, g0:g1] = cast_out(_kv_product(pr, do.view(h, group, lq, d), dtype), dtype).transpose(0, 1)
 
 
 def _host_list(t: torch.Tensor) -> list[int]:
@@ -216,34 +287,9 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         if causal and lk < lq:
             raise ValueError(f"attention_backward: causal sequence {b} has {lq} queries but {lk} keys; need lk >= lq")
         allowed = _causal_allowed(lq, lk, causal, dev)
-        for g in range(hkv):
-            heads = slice(g * group, (g + 1) * group)
-            kk, vv = k[k0:k1, g], v[k0:k1, g]
-            qg = q[q0:q1, heads].transpose(0, 1)  # [G, lq, D]
-            do = grad_out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
-            o = out[q0:q1, heads].transpose(0, 1).reshape(group * lq, d)
-            e_do = edo[q0:q1, heads].T.reshape(-1)
-            e_o = eo[q0:q1, heads].T.reshape(-1)
-            row_bad = _bad_inputs(do, o).view(group, lq)
-            if lk == 0:  # non-causal with no keys: the forward's rows are NaN
-                dq[q0:q1, heads] = float("nan")
-                continue
-            s_g = _scores(qg, kk, eq[q0:q1, heads].T, ek[k0:k1, g], scale_t)
-            pn, bad = _probabilities(s_g, allowed, vv)
-            bad = bad | row_bad
-            # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
-            e_v = ev[k0:k1, g]
-            dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
-                          e_do.unsqueeze(1) + e_v.unsqueeze(0) - DO_BITS - OV_BITS).view(group, lq, lk)
-            c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
-            delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(group, lq, 1)
-            ds = _ds(pn, dp, delta)
-            keep = allowed & ~bad.unsqueeze(-1)
-            dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
-            pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
-            gq = _grad_product(dsr.reshape(group * lq, lk), kk.T, dtype, parts).view(group, lq, d)
-            gq = torch.where(bad.unsqueeze(-1), float("nan"), gq)
-            dq[q0:q1, heads] = cast_out(gq, dtype).transpose(0, 1)
-            dk[k0:k1, g] = cast_out(_kv_product(dsr, qg, dtype, parts), dtype)
-            dv[k0:k1, g] = cast_out(_kv_product(pr, do.view(group, lq, d), dtype), dtype)
+        per_batch = max(1, BLOCK_ELEMENTS // max(1, group * lq * max(lk, 1)))
+        for g0 in range(0, hkv, per_batch):
+            g1 = min(hkv, g0 + per_batch)
+            _kv_heads(g0, g1, q0, q1, k0, k1, group, allowed, q, k, v, grad_out, out, eq, ek, edo, eo, ev, scale_t,
+                      parts, dq, dk, dv)
     return cast_out(dq, dtype), dk, dv
