@@ -209,7 +209,7 @@ def test_forced_small_blocks_give_the_same_bits(monkeypatch: pytest.MonkeyPatch)
     expected = token_logprobs(**a)
     monkeypatch.setattr(gen, "LOGITS_BYTES", 4 * 301 * 2)  # two tokens' logits per chunk
     monkeypatch.setattr(gen, "WORK_BYTES", 40 * gen._W_BYTES * 17)  # 17 weight rows per digit chunk
-    assert gen._plan(7, 301, 40, keep_logits=True)[:2] == (2, 17)
+    assert gen._plan(7, 301, 40, keep_logits=True, device=torch.device("cpu"))[:2] == (2, 17)
     assert_bits(expected, token_logprobs(**a), "small blocks")
     m = token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0, 0.9)
     s, d = token_logprobs_partial(a["hidden"], a["weight"], a["targets"], 0, 0.9, row_max=m)

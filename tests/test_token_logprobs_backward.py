@@ -76,6 +76,17 @@ def test_forced_small_blocks_give_the_same_bits(monkeypatch: pytest.MonkeyPatch)
     _same(whole, rk.token_logprobs_backward(**a), "small blocks")
 
 
+def test_accelerator_budget_scale_changes_blocks_not_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator the budgets are multiplied (budget_scale): blocks of 5x the forced small
+    ones (several token chunks and vocabulary chunks still) give the bits of one whole block."""
+    a = _inputs(7, 16, 301, tag="blocks")
+    whole = rk.token_logprobs_backward(**a)
+    monkeypatch.setattr(gen, "WORK_BYTES", 4096)
+    monkeypatch.setattr(gen, "LOGITS_BYTES", 4096)
+    monkeypatch.setattr(gen, "budget_scale", lambda device: 5)
+    _same(whole, rk.token_logprobs_backward(**a), "scaled blocks")
+
+
 def test_digit_path_equals_float64_path_on_fp32_coefficients() -> None:
     """The accelerator path (balanced base-128 digits in fp32 GEMMs) gives the CPU path's exact integers for
     fp32 coefficient rows (24-bit significands on the 28-bit grid), zeros, subnormals and sentinel rows."""

@@ -1,7 +1,8 @@
 """Device-generic sampling: exact integer ranking, integer top-p cut, Philox Gumbel-max.
 
 Rows are independent and processed in chunks of at most ``WORK_BYTES`` of temporaries (about
-``_ROW_BYTES`` per logit), so a [256, 151936] batch never needs more than that at once. The
+``_ROW_BYTES`` per logit; times :func:`~rlkernel.backends.generic._exact.budget.budget_scale` on an
+accelerator), so a [256, 151936] batch never needs more than that at once. The
 ranking sorts (or ``topk``s, when only the first k ranks matter) unique int64 keys
 ``(order(z) << 18) + (V - 1 - j)`` (``order`` maps fp32 bits to a monotone integer), so it is
 exact and deterministic on every device; the top-p prefix sums are int64 cumulative sums
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import first_argmax
 from rlkernel.backends.generic._exact.philox import philox4x32, uniform_from_u32
@@ -184,7 +186,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    rc = max(1, WORK_BYTES // (_ROW_BYTES * max(v, 1)))
+    rc = max(1, WORK_BYTES * budget_scale(logits.device) // (_ROW_BYTES * max(v, 1)))
     for r0 in range(0, b, rc):
         r1 = min(r0 + rc, b)
         out[r0:r1] = _rows(logits[r0:r1].to(torch.float32), temperature[r0:r1], top_k[r0:r1], top_p[r0:r1],

@@ -16,7 +16,9 @@ makes the coefficients, ``d_hidden`` (exact digit product over the whole vocabul
 :data:`VOCAB_CHUNK` rows whose int64 partials add into two int64 words, rounded once to hidden's
 dtype) and the column maxima for the d_weight grids; pass B (``need_weight``) accumulates the exact
 int64 ``c.T @ h`` over all of the call's tokens per vocabulary block (recomputing the block's
-logits when pass A needed several token chunks) and rounds it once to fp32. On the CPU the
+logits when pass A needed several token chunks) and rounds it once to fp32. The budgets are
+multiplied on an accelerator by :func:`~rlkernel.backends.generic._exact.budget.budget_scale`
+(chunking changes no bit). On the CPU the
 products run on float64 grids, elsewhere on linear v2's fp32 digit planes; both are exact.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel.backends.generic import token_logprobs as _tl
+from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
     canonical_nan,
@@ -109,12 +112,13 @@ def _stats(z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     return m0, finite, total, mean
 
 
-def _chunks(t: int, v: int, h: int) -> tuple[int, int, int]:
+def _chunks(t: int, v: int, h: int, k: int) -> tuple[int, int, int]:
     """``(tc, vc, vs)``: token chunk rows (logits and coefficients both held), weight rows per digit
     chunk, logits per exp slice."""
-    tc = max(1, min(t, WORK_BYTES // (32 * h), LOGITS_BYTES // (8 * max(v, 1))))
-    vc = max(1, min(v, WORK_BYTES // (32 * h), WORK_BYTES // (8 * 5 * tc)))
-    vs = max(1, min(v, WORK_BYTES // (_E_BYTES * tc)))
+    work, logits_bytes = WORK_BYTES * k, LOGITS_BYTES * k
+    tc = max(1, min(t, work // (32 * h), logits_bytes // (8 * max(v, 1))))
+    vc = max(1, min(v, work // (32 * h), work // (8 * 5 * tc)))
+    vs = max(1, min(v, work // (_E_BYTES * tc)))
     return tc, vc, vs
 
 
@@ -144,7 +148,7 @@ def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     v = weight.shape[0]
     out = torch.empty(t, dtype=torch.float32, device=hidden.device)
     tau = _tl._tau(temperature, hidden.device)
-    tc, vc, vs = _chunks(t, v, h)
+    tc, vc, vs = _chunks(t, v, h, budget_scale(hidden.device))
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
         z = _chunk_logits(hidden[t0:t1], weight, vc, tau)
@@ -215,8 +219,10 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
     colbad = torch.zeros(v, dtype=torch.bool, device=dev)
     d_hidden = torch.empty((t, h), dtype=dtype, device=dev) if need_hidden else None
     ew = _exponents(weight.T) if need_hidden else None
-    tc, vc, vs = _chunks(t, v, h)
-    vch = max(1, min(v, VOCAB_CHUNK, WORK_BYTES // (8 * (h + 2 * tc))))
+    k = budget_scale(dev)
+    work = WORK_BYTES * k
+    tc, vc, vs = _chunks(t, v, h, k)
+    vch = max(1, min(v, VOCAB_CHUNK, work // (8 * (h + 2 * tc))))
     kept: torch.Tensor | None = None
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
@@ -248,8 +254,8 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
     ec = _column_exponents(colmax, colbad)
     eh = _exponents(hidden.T)
     d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
-    vb = max(1, min(v, WORK_BYTES // (16 * h)))
-    tb = max(1, min(max(t, 1), WORK_BYTES // (32 * h), WORK_BYTES // (_E_BYTES * vb)))
+    vb = max(1, min(v, work // (16 * h)))
+    tb = max(1, min(max(t, 1), work // (32 * h), work // (_E_BYTES * vb)))
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
         acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)

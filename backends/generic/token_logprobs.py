@@ -17,7 +17,9 @@ small next to the nine digit GEMMs). Each of three groups of temporaries is boun
 :data:`WORK_BYTES`: the hidden chunk's digit planes, one vocabulary chunk's weight planes, and
 either the digit-GEMM products of a [tc, vc] block or the exp/grid terms of a [tc, vs] slice.
 So the extra memory beyond the inputs and the output stays below
-``LOGITS_BYTES + 3 * WORK_BYTES`` = 240 MiB, whatever T and V are.
+``LOGITS_BYTES + 3 * WORK_BYTES`` = 240 MiB on the CPU, whatever T and V are; on an accelerator
+both budgets are multiplied by :func:`~rlkernel.backends.generic._exact.budget.budget_scale`
+(fewer, larger torch operations; rows are independent and the sums exact, so no bit changes).
 
 Digits (the logits are contract ``linear`` v2's product): hidden rows on the 28-bit grid
 ``RNE(h * 2**(27 - e))`` in four balanced base-128 digits, weight rows on the 21-bit grid in
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.digits import digit_planes, int_product, row_exponents
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import canonical_nan, int64_to_f32, int64_to_float, nan_max, scale_pow2
@@ -51,13 +54,15 @@ W_BITS, W_DIGITS = 20, 3
 _E_BYTES = 128
 
 
-def _plan(t: int, v: int, h: int, keep_logits: bool) -> tuple[int, int, int]:
-    """``(tc, vc, vs)``: token chunk rows, weight rows per digit chunk, logits per exp slice."""
-    tc = max(1, min(t, WORK_BYTES // (_W_BYTES * h)))
+def _plan(t: int, v: int, h: int, keep_logits: bool, device: torch.device) -> tuple[int, int, int]:
+    """``(tc, vc, vs)``: token chunk rows, weight rows per digit chunk, logits per exp slice (the
+    budgets times :func:`~rlkernel.backends.generic._exact.budget.budget_scale` of ``device``)."""
+    work, logits_bytes = WORK_BYTES * budget_scale(device), LOGITS_BYTES * budget_scale(device)
+    tc = max(1, min(t, work // (_W_BYTES * h)))
     if keep_logits:
-        tc = max(1, min(tc, LOGITS_BYTES // (4 * v)))
-    vc = max(1, min(v, WORK_BYTES // (_W_BYTES * h), WORK_BYTES // (8 * 5 * tc)))  # 5 int64 [tc, vc]
-    vs = max(1, min(v, WORK_BYTES // (_E_BYTES * tc)))
+        tc = max(1, min(tc, logits_bytes // (4 * v)))
+    vc = max(1, min(v, work // (_W_BYTES * h), work // (8 * 5 * tc)))  # 5 int64 [tc, vc]
+    vs = max(1, min(v, work // (_E_BYTES * tc)))
     return tc, vc, vs
 
 
@@ -129,7 +134,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     v = weight.shape[0]
     out = torch.empty(t, dtype=torch.float32, device=hidden.device)
     tau = _tau(temperature, hidden.device)
-    tc, vc, vs = _plan(t, v, h, keep_logits=True)
+    tc, vc, vs = _plan(t, v, h, keep_logits=True, device=hidden.device)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
         xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
@@ -174,7 +179,7 @@ def token_logprobs_partial(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
     vsh = weight_shard.shape[0]
     dev = hidden.device
     tau = _tau(temperature, dev)
-    tc, vc, _ = _plan(t, vsh, h, keep_logits=False)
+    tc, vc, _ = _plan(t, vsh, h, keep_logits=False, device=hidden.device)
     if row_max is None:
         out = torch.empty(t, dtype=torch.float32, device=dev)
         for t0 in range(0, t, tc):

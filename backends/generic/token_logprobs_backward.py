@@ -17,11 +17,15 @@ L)`` on it) is never stored for all tokens. Two passes:
   rounded once to fp32. When pass A held every token in one chunk, its coefficients are used
   as they are (the same function made them, so the bits are the same; tests force both ways).
 
+The chunk sizes follow the budgets :data:`LOGITS_BYTES` and :data:`WORK_BYTES`, multiplied on an
+accelerator by :func:`~rlkernel.backends.generic._exact.budget.budget_scale` (fewer, larger torch
+operations; the sums are exact, so no bit depends on them).
+
 Products: on the CPU the grids go to float64 (the coefficient grid in two base-2**14 halves
 against the 21-bit grid: every partial sum an integer below 2**53); elsewhere the balanced
 base-128 digit planes of linear v2 (four against three, fp32 digit GEMMs over K-chunks of 4096).
 Both are exact, so both give the contract's bits. Extra memory stays below
-``LOGITS_BYTES + 4 * WORK_BYTES`` whatever T and V are.
+``(LOGITS_BYTES + 4 * WORK_BYTES) * budget_scale`` whatever T and V are.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel.backends.generic import linear as _linear
+from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.digits import int_product
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
@@ -183,10 +188,11 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     ew = given_ew if given_ew is not None else (_exponents(weight.T) if need_hidden else None)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
 
-    tc = max(1, min(t, WORK_BYTES // (32 * h), LOGITS_BYTES // (8 * v)))
-    vc = max(1, min(v, WORK_BYTES // (32 * h), WORK_BYTES // (8 * 5 * tc)))
-    vs = max(1, min(v, WORK_BYTES // (_E_BYTES * tc)))
-    vch = max(1, min(v, VOCAB_CHUNK, WORK_BYTES // (8 * (h + 2 * tc))))
+    work, logits_bytes = WORK_BYTES * budget_scale(dev), LOGITS_BYTES * budget_scale(dev)
+    tc = max(1, min(t, work // (32 * h), logits_bytes // (8 * v)))
+    vc = max(1, min(v, work // (32 * h), work // (8 * 5 * tc)))
+    vs = max(1, min(v, work // (_E_BYTES * tc)))
+    vch = max(1, min(v, VOCAB_CHUNK, work // (8 * (h + 2 * tc))))
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
@@ -247,8 +253,8 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     ec = _column_exponents(colmax, colbad)
     eh = _exponents(hidden.T)
     out.d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
-    vb = max(1, min(v, WORK_BYTES // (16 * h)))
-    tb = max(1, min(max(t, 1), WORK_BYTES // (32 * h), WORK_BYTES // (_E_BYTES * vb)))
+    vb = max(1, min(v, work // (16 * h)))
+    tb = max(1, min(max(t, 1), work // (32 * h), work // (_E_BYTES * vb)))
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
         acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
