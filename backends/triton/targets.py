@@ -47,9 +47,11 @@ class TritonTarget:
 
 CUDA = TritonTarget(
     name="cuda", compiler="cuda", warp_size=32, static_archs=(90,),
-    # two stages: four x digit planes of 128 x 128 and three weight planes of 64 x 128 take 88 KiB a
-    # stage; three stages need 264 KiB, past the H200's 227 KiB of shared memory per block
-    linear_prefill=(128, 64, 128, 8, 2),
+    # K steps of 64, three stages: four x digit planes of 128 x 64 and three weight planes of 64 x 64
+    # take 44 KiB a stage. Measured on the H200 against (128, 64, 128, 8, 2) (two stages of 88 KiB),
+    # same bits: 7-15 % faster at M >= 2048 of Qwen3-8B shapes, 2 % slower at 16384 x 3072 x 1024
+    # (tools/exp_linear_tiles.py, docs/bench/h200-linear-tiles-45b4539.json)
+    linear_prefill=(128, 64, 64, 8, 3),
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
     attention_warps=4, attention_stages=1,
