@@ -47,7 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: largest case the interpreter runs, in "work" units: elements for elementwise/row ops,
 #: multiply-adds for matmul-like ops (linear, token_logprobs, attention)
-MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs": 1 << 21, "attention": 1 << 21}
+MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs_backward": 1 << 18, "token_logprobs": 1 << 21,
+            "attention": 1 << 21}
+#: interpreter work of one weight row in token_logprobs_backward (its exponent and digit kernels run
+#: one program per row, ~1 ms each there: the 66k-70k vocabulary cases take minutes)
+ROW_WORK = 64
 #: child-process time limit (seconds)
 CHILD_TIMEOUT = 3600
 
@@ -104,6 +108,11 @@ def _work(op: str, inputs: dict[str, Any]) -> int:
         w = inputs.get("weight", inputs.get("w"))
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
             return x.numel() * w.shape[0]
+    if op in ("token_logprobs_backward", "token_logprobs_backward_partial"):
+        x = inputs.get("hidden")
+        w = inputs.get("weight", inputs.get("weight_shard"))
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
+            return x.numel() * w.shape[0] + ROW_WORK * w.shape[0]
     if op.startswith("attention"):
         q = inputs.get("q")
         k = inputs.get("k", inputs.get("k_cache"))
@@ -249,11 +258,16 @@ def run_primitive_checks() -> list[dict[str, Any]]:
     return results
 
 
+#: token_logprobs_backward cases of 10-14 tokens, run again under ``small_tiles``
+SMALL_TILE_BACKWARD_CASES = ("partial_phase2_bf16", "massive_token", "non_contiguous", "specials_in_hidden_fp16")
+
+
 def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges; linear's
-    prefill path from M = 9, with K split over programs), 16x32 (query x key) tiles in
-    attention. The bits must not move: tiling is free because every sum is an integer sum."""
+    prefill path from M = 9, with K split over programs; token_logprobs_backward's products on it
+    for a few cases of 10-14 tokens), 16x32 (query x key) tiles in attention. The bits must not
+    move: tiling is free because every sum is an integer sum."""
     from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
@@ -267,6 +281,10 @@ def run_tiling_checks() -> list[dict[str, Any]]:
             for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)
+        # token_logprobs_backward's products with T > 8 rows on the prefill path (int8 planes, K split)
+        for rec in run_op_checks("token_logprobs_backward", select=SMALL_TILE_BACKWARD_CASES.__contains__):
+            rec["case"] = f"token_logprobs_backward/{rec['case']}"
+            records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
          attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M) = saved

@@ -30,6 +30,8 @@ Both are exact, so both give the contract's bits. Extra memory stays below
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from rlkernel.backends.generic import linear as _linear
@@ -107,6 +109,30 @@ def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tenso
     return int_product(_digits_f32(x, ex, C_BITS, C_DIGITS), _digits_f32(w, ew, O_BITS, O_DIGITS))
 
 
+class Products:
+    """The backward's matrix products: the logits of token rows against weight rows, and the exact
+    int64 ``X @ W.T`` of coefficient rows (28-bit grids) against 21-bit-grid rows.
+
+    This class is the device-generic way (digit GEMMs in torch, float64 grids on the CPU);
+    a backend with faster exact GEMMs passes a subclass (``backends/triton/token_logprobs_backward.py``:
+    int8 Triton kernels). Both products are exact or rounded once by contract ``linear`` v2, so
+    the subclass cannot change a bit; the conformance suite checks that it does not.
+    """
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor, vc: int,
+               tau: torch.Tensor | None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """``(v0, v1, z[:, v0:v1])``: fp32 ``RN32(hidden @ weight.T) / tau`` in blocks of ``vc`` weight rows."""
+        xe, xd, xbad = _digits(hidden, H_BITS, H_DIGITS)
+        yield from _logit_blocks(xe, xd, xbad, weight, vc, tau)
+
+    def exact(self, x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+        """Exact int64 ``X @ W.T``: x fp32 [M, K] on 28-bit row grids ``ex``, w [N, K] on 21-bit grids ``ew``."""
+        return _product(x, w, ex, ew)
+
+
+GENERIC = Products()
+
+
 def _scale(ex: torch.Tensor, ew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k, bad)``: the exponent ``ex + ew - 47`` per element and the sentinel (non-finite) mask."""
     bad_x, bad_w = ex == SENTINEL, ew == SENTINEL
@@ -156,7 +182,7 @@ class _Result:
 def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_start: int,
           temperature: float, row_max: torch.Tensor | None, sum_int: torch.Tensor | None,
           given_ex: torch.Tensor | None, given_ew: torch.Tensor | None, exponents_only: bool, need_hidden: bool,
-          need_weight: bool) -> _Result:
+          need_weight: bool, products: Products) -> _Result:
     """Both passes over ``weight`` (the whole vocabulary, or the shard starting at ``vocab_start``).
 
     Unsharded: ``row_max``/``sum_int`` None (computed here), ``given_ex`` None (the rows' own exponents),
@@ -196,9 +222,8 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
-        xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
         z = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
-        for v0, v1, block in _logit_blocks(xe, xd, xbad, weight, vc, tau):
+        for v0, v1, block in products.logits(hidden[t0:t1], weight, vc, tau):
             z[:, v0:v1] = block
         if row_max is None or sum_int is None:
             m = nan_max(z, dim=-1)
@@ -236,7 +261,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
             lo = torch.zeros_like(hi)
             for v0 in range(0, v, vch):
                 v1 = min(v0 + vch, v)
-                part_hi, part_lo = _split(_product(c[:, v0:v1], weight[v0:v1].T, ex, ew))
+                part_hi, part_lo = _split(products.exact(c[:, v0:v1], weight[v0:v1].T, ex, ew))
                 hi += part_hi
                 lo += part_lo
             if out.hi is not None and out.lo is not None:
@@ -259,14 +284,13 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         v1 = min(v0 + vb, v)
         acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
         if kept is not None:
-            acc += _product(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+            acc += products.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
         for t0 in range(0, t if kept is None else 0, tb):
             t1 = min(t0 + tb, t)
-            xe, xd, xbad = _digits(hidden[t0:t1], H_BITS, H_DIGITS)
-            _, _, z = next(_logit_blocks(xe, xd, xbad, weight[v0:v1], v1 - v0, tau))
+            _, _, z = next(products.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
             c = _coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
                               targets[t0:t1] - vocab_start - v0, finite_all[t0:t1])
-            acc += _product(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
+            acc += products.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
         out.d_weight[v0:v1] = _finish(acc, ec[v0:v1], eh)
     return out
 
@@ -296,10 +320,17 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
     d_hidden : Tensor, hidden's dtype, [T, H], or None
     d_weight : Tensor, float32, [V, H], or None
     """
+    return backward_with(GENERIC, grad, hidden, weight, targets, temperature, need_hidden, need_weight)
+
+
+def backward_with(products: Products, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                  targets: torch.Tensor, temperature: float = 1.0, need_hidden: bool = True,
+                  need_weight: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`token_logprobs_backward` with its matrix products run by ``products`` (no bit depends on it)."""
     if need_weight:
         _check_tokens("token_logprobs_backward", hidden.shape[0])
     out = _core(grad, hidden, weight, targets, 0, temperature, None, None, None, None, False, need_hidden,
-                need_weight)
+                need_weight, products)
     return out.d_hidden, out.d_weight
 
 
@@ -315,16 +346,25 @@ def token_logprobs_backward_partial(grad: torch.Tensor, hidden: torch.Tensor, we
     ``(hi int64 [T, H], lo int64 [T, H], d_weight_shard fp32 [Vs, H] or None)``; all-reduce SUM
     ``hi`` and ``lo`` and finish with :func:`token_logprobs_backward_finish`.
     """
+    return partial_with(GENERIC, grad, hidden, weight_shard, targets, vocab_start, row_max, sum_int, temperature,
+                        exponents, need_weight)
+
+
+def partial_with(products: Products, grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor,
+                 targets: torch.Tensor, vocab_start: int, row_max: torch.Tensor, sum_int: torch.Tensor,
+                 temperature: float = 1.0, exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 need_weight: bool = True) -> tuple[torch.Tensor | None, ...]:
+    """:func:`token_logprobs_backward_partial` with its matrix products run by ``products``."""
     op = "token_logprobs_backward_partial"
     if exponents is None:
         out = _core(grad, hidden, weight_shard, targets, vocab_start, temperature, row_max, sum_int, None, None,
-                    True, True, False)
+                    True, True, False, products)
         return out.ex, _exponents(weight_shard.T)
     if need_weight:
         _check_tokens(op, hidden.shape[0])
     ec, ew = exponents
     out = _core(grad, hidden, weight_shard, targets, vocab_start, temperature, row_max, sum_int, ec, ew, False,
-                True, need_weight)
+                True, need_weight, products)
     return out.hi, out.lo, out.d_weight
 
 

@@ -338,14 +338,18 @@ def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: t
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
-          bias: torch.Tensor | None, out_dtype: torch.dtype | None,
-          target: TritonTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None)."""
+          bias: torch.Tensor | None, out_dtype: torch.dtype | None, target: TritonTarget,
+          x_planes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None).
+    ``x_planes`` (with ``ex_given``): x's int8 digit planes [4, M, K], made by the caller."""
     m, k = x.shape
     n = weight.shape[0]
     finish = out_dtype is not None
     decode = m <= DECODE_MAX_M and weight.dtype in (torch.bfloat16, torch.float16)
-    xd, ex = _digits(x, ex_given)
+    if x_planes is not None and ex_given is not None:
+        xd, ex = x_planes, ex_given
+    else:
+        xd, ex = _digits(x, ex_given)
     if decode:  # the weight's exponents only (or the given ones); its digits are made in the GEMM
         ew = ew_given if ew_given is not None else _digits(weight, write=False, activation=False)[1]
         wd = weight
@@ -417,11 +421,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y
 
 
+def weight_exponents(weight: torch.Tensor) -> torch.Tensor:
+    """The row exponents ew int64 [N] of weight [N, K] (sentinel 2**20 for non-finite rows), one read."""
+    return _digits(weight, write=False, activation=False)[1]
+
+
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel ``linear_exponents``: (ex int64 [M], ew int64 [N]), sentinel 2**20 for non-finite rows."""
     _, ex = _digits(x, write=False)
-    _, ew = _digits(weight, write=False, activation=False)
-    return ex, ew
+    return ex, weight_exponents(weight)
 
 
 def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, *,
@@ -432,35 +440,67 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: 
     return y
 
 
+def partial_from_planes(x_planes: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *,
+                        target: TritonTarget) -> torch.Tensor:
+    """Exact int64 [M, N] ``C = X @ Wt.T`` from x's balanced base-128 digit planes ``x_planes``
+    int8 [4, M, K] (contiguous; any exact four-digit split with every digit in [-64, 64], zero
+    on sentinel rows) and the bf16/fp16 weight [N, K] (any strides) on its row grids ``ew`` [N].
+
+    For an x that is not bf16/fp16 (``token_logprobs_backward``'s fp32 coefficients on their
+    28-bit grids): ``_linear_digits_kernel`` rounds a bf16/fp16 value's grid only. ``ex`` is
+    passed through to the launch (the partial does not read it)."""
+    _check_k("linear partial_from_planes", x_planes.shape[2])
+    y, _, _ = _gemm(x_planes[0], weight, ex.contiguous(), ew.contiguous(), None, None, target,
+                    x_planes=x_planes.contiguous())
+    return y
+
+
 def linear_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Kernel ``linear_finish``: acc int64 [M, N], ex [M], ew [N] -> [M, N] out_dtype."""
     return _finish(acc, ex, ew, bias.contiguous() if bias is not None else None, out_dtype)
 
 
-def static_specs(target: TritonTarget):
-    specs = []
-    for dt in ("bf16", "fp16"):
-        specs.append(("linear", f"{dt}_digits", _linear_digits_kernel,
-                      {"t_ptr": f"*{dt}", "e_ptr": "*i64", "d_ptr": "*i8", "K": "i32", "stride_r": "i64",
-                       "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "WRITE": "constexpr",
-                       "BITS": "constexpr", "BLOCK_K": "constexpr"},
-                      {"HAS_E": False, "WRITE": True, "BITS": 27, "BLOCK_K": 1024}))
-    base = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
-            "K_SPLIT": "i32", "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64",
-            "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
-            "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
-    bm, bn, bk, p_warps, p_stages = target.linear_prefill
+_GEMM_SIGNATURE = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i32", "N": "i32", "K": "i32",
+                   "K_SPLIT": "i32", "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64",
+                   "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
+                   "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
+                   "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
+
+
+def digits_spec(op: str, case: str, dt: str, *, has_e: bool, write: bool, bits: int):
+    """A static-check spec of ``_linear_digits_kernel`` (for this module's and its callers' ``static_specs``)."""
+    return (op, case, _linear_digits_kernel,
+            {"t_ptr": f"*{dt}", "e_ptr": "*i64", "d_ptr": "*i8", "K": "i32", "stride_r": "i64",
+             "stride_k": "i64", "plane_stride": "i64", "HAS_E": "constexpr", "WRITE": "constexpr",
+             "BITS": "constexpr", "BLOCK_K": "constexpr"},
+            {"HAS_E": has_e, "WRITE": write, "BITS": bits, "BLOCK_K": 1024})
+
+
+def gemm_spec(op: str, case: str, w: str, y: str, tile: tuple[int, int, int, int, int], *, w_digits: bool,
+              finish: bool, atomic: bool = False, bias: bool = False, out: int = 0):
+    """A static-check spec of ``_linear_gemm_kernel``: weight pointer type ``w`` (``*i8`` planes or the
+    bf16/fp16 weight), output type ``y``, tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
+    return (op, case, _linear_gemm_kernel, {**_GEMM_SIGNATURE, "w_ptr": w, "bias_ptr": y, "y_ptr": y},
+            {"W_DIGITS": w_digits, "FINISH": finish, "ATOMIC": atomic, "HAS_BIAS": bias, "OUT": out,
+             "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK},
+            {"num_warps": tile[3], "num_stages": tile[4]})
+
+
+def gemm_tiles(target: TritonTarget) -> tuple[tuple[int, int, int, int, int], tuple[int, int, int, int, int]]:
+    """(prefill, decode) GEMM tiles of ``target`` as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     d_bn, d_bk, d_warps, d_stages = target.linear_decode
-    prefill, decode = (bm, bn, bk, p_warps, p_stages), (16, d_bn, d_bk, d_warps, d_stages)
+    return target.linear_prefill, (16, d_bn, d_bk, d_warps, d_stages)
+
+
+def static_specs(target: TritonTarget):
+    specs = [digits_spec("linear", f"{dt}_digits", dt, has_e=False, write=True, bits=27) for dt in ("bf16", "fp16")]
+    prefill, decode = gemm_tiles(target)
 
     def gemm(case: str, w: str, y: str, tile: tuple[int, int, int, int, int], *, w_digits: bool, finish: bool,
              atomic: bool = False, bias: bool = False, out: int = 0) -> None:
-        specs.append(("linear", case, _linear_gemm_kernel, {**base, "w_ptr": w, "bias_ptr": y, "y_ptr": y},
-                      {"W_DIGITS": w_digits, "FINISH": finish, "ATOMIC": atomic, "HAS_BIAS": bias, "OUT": out,
-                       "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK},
-                      {"num_warps": tile[3], "num_stages": tile[4]}))
+        specs.append(gemm_spec("linear", case, w, y, tile, w_digits=w_digits, finish=finish, atomic=atomic,
+                               bias=bias, out=out))
 
     gemm("prefill_gemm_bf16_out_bias", "*i8", "*bf16", prefill, w_digits=True, finish=True, bias=True, out=1)
     gemm("prefill_gemm_bf16_out", "*i8", "*bf16", prefill, w_digits=True, finish=True, out=1)
