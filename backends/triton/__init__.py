@@ -48,7 +48,7 @@ KERNELS: dict[str, str] = {
     "group_advantages": "rl:group_advantages",
     "ppo_loss": "rl:ppo_loss",
     "masked_mean": "rl:masked_mean",
-    "adamw": "torch_exact:adamw",
+    "adamw": "optim:adamw",
     "sgd": "torch_exact:sgd",
     "exact_sum_partial": "exact_sum:exact_sum_partial",
     "exact_sum_merge": "exact_sum:exact_sum_merge",
