@@ -114,6 +114,20 @@ def test_grad_norm_is_exact_and_order_free() -> None:
     assert grad_norm(pieces) == norm and grad_norm(list(reversed(params))) == norm
 
 
+def test_grad_norm_row_layout_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradients are summed in rows of NORM_ROW squares and a shorter tail row: any row length gives the same bits."""
+    import rlkernel.rl.optim as optim_mod
+
+    g = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (1000, 7, 4096, 64)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g) * torch.logspace(-20, 20, p.numel())
+    norm = grad_norm(params)
+    for row in (64, 7, 1):
+        monkeypatch.setattr(optim_mod, "NORM_ROW", row)
+        assert grad_norm(params) == norm
+
+
 def test_clip_grad_norm_scales_like_torch() -> None:
     g = torch.Generator().manual_seed(4)
     ours = [torch.nn.Parameter(torch.zeros(300)) for _ in range(2)]

@@ -37,6 +37,10 @@ def _grads(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tens
     return [g for g in grads if g is not None]
 
 
+#: squares per row of the exact sum in :func:`grad_norm` (the Triton masked_mean takes rows up to 2**22)
+NORM_ROW = 1 << 16
+
+
 def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = None) -> float:
     """The global L2 norm of the gradients: ``RN32(sqrt(RN32(sum of RN32(fp32(g)**2))))``, exact sum.
 
@@ -62,9 +66,14 @@ def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = No
     grads = _grads(parameters)
     partials = []
     for g in grads:
-        g32 = g.detach().to(torch.float32).reshape(1, -1)
-        sq = torch.mul(g32, g32)
-        partials.append(masked_mean_partial(sq, torch.ones_like(sq, dtype=torch.bool)))
+        g32 = g.detach().to(torch.float32).reshape(-1)
+        whole = g32.numel() // NORM_ROW * NORM_ROW
+        # rows of NORM_ROW squares and one shorter row (the sum is exact, so the layout is free);
+        # one row of a whole 155M-element LM head would run the device-generic code
+        for rows in (g32[:whole].view(-1, NORM_ROW), g32[whole:].view(1, -1)):
+            if rows.numel():
+                sq = torch.mul(rows, rows)
+                partials.append(masked_mean_partial(sq, torch.ones_like(sq, dtype=torch.bool)))
     if not partials:
         return 0.0
     device = partials[0].device
