@@ -202,9 +202,9 @@ def _attend(q: torch.Tensor, fetch: Fetch, q_starts: list[int], q_lens: list[int
         else:
             cur.append(t)
 
-    scale = torch.tensor(scale_value, dtype=torch.float32, device=dev)
-    neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
-    no_row = torch.tensor(_NO_ROW, dtype=torch.int64, device=dev)
+    scale = torch.full((), scale_value, dtype=torch.float32, device=dev)
+    neg_inf = torch.full((), float("-inf"), dtype=torch.float32, device=dev)
+    no_row = torch.full((), _NO_ROW, dtype=torch.int64, device=dev)
     for batch in batches:
         qs = _Queries(q, batch, q_starts, q_lens, k_lens, hkv, causal)
         k_end = max(key_end(t) for t in batch)

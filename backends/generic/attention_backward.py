@@ -267,7 +267,7 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     group = hq // hkv
     # RN32 of the given scale (the public op has rounded it already; rounding again changes nothing)
     scale_value = default_scale(d) if scale is None else float(torch.tensor(float(scale), dtype=torch.float32))
-    scale_t = torch.tensor(scale_value, dtype=torch.float32, device=dev)
+    scale_t = torch.full((), scale_value, dtype=torch.float32, device=dev)
     parts = _scale_parts(scale_value)
     cq, ck = _host_list(cu_seqlens_q), _host_list(cu_seqlens_k)
     dq = torch.zeros((tq, hq, d), dtype=dtype, device=dev)

@@ -24,7 +24,7 @@ COUNT = superacc.STATE_SLOTS
 
 def _f32(value: float, device: torch.device) -> torch.Tensor:
     """0-d fp32 tensor of a value the caller already rounded to fp32 (so this is exact)."""
-    return torch.tensor(value, dtype=torch.float32, device=device)
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 # --------------------------------------------------------------------------- masked means

@@ -35,7 +35,7 @@ def kl_k3_backward(grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tenso
 def _denominator(mask: torch.Tensor, counts: torch.Tensor, mode: str, denominator: float | None) -> torch.Tensor:
     """``fp32(denominator)`` (already rounded by the caller: exact here) or fp32 of the mode's count."""
     if denominator is not None:
-        return torch.tensor(denominator, dtype=torch.float32, device=mask.device)
+        return torch.full((), denominator, dtype=torch.float32, device=mask.device)
     if mode == "token-mean":
         return int64_to_f32(int_sum(counts))
     return int64_to_f32(int_sum(mask.any(dim=1)))  # sequences with a kept token

@@ -50,8 +50,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     if x.numel() == 0:
         return out
     dev = x.device
-    n = torch.tensor(float(hidden), dtype=torch.float32, device=dev)
-    eps32 = torch.tensor(eps, dtype=torch.float32, device=dev)
+    n = torch.full((), float(hidden), dtype=torch.float32, device=dev)
+    eps32 = torch.full((), eps, dtype=torch.float32, device=dev)
     one = torch.ones((), dtype=torch.float32, device=dev)
     w = weight.to(torch.float32)
     x2 = x.reshape(-1, hidden)

@@ -82,8 +82,8 @@ def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if x.numel() == 0:
         return dx, terms
     dev = x.device
-    n = torch.tensor(float(hidden), dtype=torch.float32, device=dev)
-    eps32 = torch.tensor(eps, dtype=torch.float32, device=dev)
+    n = torch.full((), float(hidden), dtype=torch.float32, device=dev)
+    eps32 = torch.full((), eps, dtype=torch.float32, device=dev)
     one = torch.ones((), dtype=torch.float32, device=dev)
     w = weight.to(torch.float32)
     x2, g2 = x.reshape(-1, hidden), grad.reshape(-1, hidden)

@@ -99,7 +99,7 @@ def _log_prob(z_target: torch.Tensor, m: torch.Tensor, total: torch.Tensor) -> t
 
 def _tau(temperature: float, device: torch.device) -> torch.Tensor | None:
     """``fp32(temperature)`` as a 0-d tensor, or None for 1.0 (x / 1 == x for every x)."""
-    t = torch.tensor(temperature, dtype=torch.float32, device=device)
+    t = torch.full((), temperature, dtype=torch.float32, device=device)
     return None if float(temperature) == 1.0 else t
 
 

@@ -151,9 +151,9 @@ def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     if not t.is_floating_point():
         return t
     if t.dtype == torch.float32:
-        nan = torch.tensor(0x7FC00000, dtype=torch.int32, device=t.device).view(torch.float32)
+        nan = torch.full((), 0x7FC00000, dtype=torch.int32, device=t.device).view(torch.float32)
     else:
-        nan = torch.tensor(_NAN_BITS[t.dtype], dtype=torch.int16, device=t.device).view(t.dtype)
+        nan = torch.full((), _NAN_BITS[t.dtype], dtype=torch.int16, device=t.device).view(t.dtype)
     return torch.where(t != t, nan, t)
 
 

@@ -108,6 +108,6 @@ def uniform_from_u32(r: torch.Tensor, check: bool = True) -> torch.Tensor:
         raise ValueError("uniform_from_u32: values outside [0, 2**32); reduce them modulo 2**32 first")
     top23 = (r.to(torch.int64) & _LOW32) >> _U_SHIFT
     one_plus = (top23 | _ONE_BITS).to(torch.int32).view(torch.float32)  # 1 + top23 * 2**-23
-    one = torch.tensor(_ONE_BITS, dtype=torch.int32, device=r.device).view(torch.float32)
-    half_ulp = torch.tensor(_HALF_ULP_BITS, dtype=torch.int32, device=r.device).view(torch.float32)
+    one = torch.full((), _ONE_BITS, dtype=torch.int32, device=r.device).view(torch.float32)
+    half_ulp = torch.full((), _HALF_ULP_BITS, dtype=torch.int32, device=r.device).view(torch.float32)
     return (one_plus - one) + half_ulp

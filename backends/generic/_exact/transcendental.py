@@ -61,7 +61,7 @@ def _f32(bits: int, device: torch.device) -> torch.Tensor:
     """0-d fp32 tensor on ``device`` with the given binary32 encoding."""
     if bits >= 1 << 31:
         bits -= 1 << 32
-    return torch.tensor(bits, dtype=torch.int32, device=device).view(torch.float32)
+    return torch.full((), bits, dtype=torch.int32, device=device).view(torch.float32)
 
 
 def _require_fp32(name: str, x: torch.Tensor) -> None:
