@@ -4,8 +4,8 @@
 ``token_logprobs_backward_finish``, ``token_entropy_backward``, ``rope_backward``,
 ``silu_mul_backward``; their digit products are exact
 GEMMs combined in int64; fused Triton kernels come with the performance work) run on the GPU as the device-generic
-implementations (the P10 exact superaccumulator for
-rms_norm's row sum, R1 elementwise fp32 and the contract ``exp_c``): every
+implementations (R1 elementwise fp32, the contract ``exp_c``, exact integer sums and digit
+products): every
 operation they use is exact, or one IEEE rounding, on any IEEE device, so they give the
 contract's bits on CUDA as on the CPU. They are listed in ``KERNELS`` under this module, so the
 kernel that ran reads ``cuda:torch_exact.<op>`` (``rlkernel.dispatch.trace``), never a Triton
