@@ -1,4 +1,5 @@
-"""Shared pytest hooks: the mutation test's summary (how many mutants ran, which case caught each)."""
+"""Shared pytest hooks: the mutation test's summary (how many mutants ran, which case caught each),
+and the Triton-interpreter child started early and its tests run last."""
 
 from __future__ import annotations
 
@@ -17,3 +18,31 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{mutant} -> {by or 'NOT CAUGHT'}")
     terminalreporter.write_line(f"mutation test: {len(results)} mutations applied, {caught} caught, "
                                 f"{len(results) - caught} not caught")
+
+
+INTERPRETER_MODULE = "test_cuda_interpreter"
+
+
+def _module_name(item: Any) -> str:
+    return getattr(getattr(item, "module", None), "__name__", "")
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    """Run the Triton-interpreter tests last: their child process (started when collection
+    finishes) then works on the second core while the rest of the suite runs, instead of the
+    suite waiting ~30 minutes for it at the module's place in file order."""
+    items.sort(key=lambda item: _module_name(item) == INTERPRETER_MODULE)
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Start the interpreter child when any of its tests is selected (after ``-k``/``-m``)."""
+    ops = [item.callspec.params["op"] for item in session.items
+           if _module_name(item) == INTERPRETER_MODULE and hasattr(item, "callspec")]
+    if ops:
+        sys.modules[INTERPRETER_MODULE].start_child(ops)
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    module = sys.modules.get(INTERPRETER_MODULE)
+    if module is not None:
+        module.stop_child()

@@ -451,18 +451,55 @@ OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split",
        + [f"small_tiles_{op}" for op in RL_TILED])
 
 
+#: the interpreter child, started by :func:`start_child` (tests/conftest.py starts it when collection
+#: ends, so that it runs on the second core while the rest of the suite runs on the first)
+_CHILD: dict[str, Any] = {}
+
+
+def start_child(ops: list[str] | None = None) -> None:
+    """Start the interpreter child (once) for ``ops`` (the selected tests' entries of :data:`OPS`; all
+    of them by default); its output goes to files under ``.pytest_cache`` so that a full pipe cannot
+    stall it while nobody reads."""
+    if INNER or _CHILD:
+        return
+    cache = ROOT / ".pytest_cache"
+    cache.mkdir(exist_ok=True)
+    out_path, log_path = cache / "cuda_interpreter.json", cache / "cuda_interpreter.log"
+    out_path.unlink(missing_ok=True)
+    # one torch thread: the child shares the two CI cores with the main pytest process
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, __file__, "--json", str(out_path), *(ops or OPS)], env=env, cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    _CHILD.update(proc=proc, out=out_path, log=log_path, started=time.monotonic(), log_file=log)
+
+
+def stop_child() -> None:
+    """Kill the child if it still runs (the session ended before its tests ran, or was interrupted)."""
+    proc = _CHILD.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, list[dict[str, Any]]]:
     if INNER:
         return {}
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out_path = ROOT / ".pytest_cache" / "cuda_interpreter.json"
-    out_path.parent.mkdir(exist_ok=True)
-    proc = subprocess.run([sys.executable, __file__, "--json", str(out_path), *OPS], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(out_path.read_text())
+    start_child()
+    proc = _CHILD["proc"]
+    left = CHILD_TIMEOUT - (time.monotonic() - _CHILD["started"])
+    try:
+        rc = proc.wait(timeout=max(left, 1.0))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"interpreter child ran past {CHILD_TIMEOUT} s; its log: {_CHILD['log']}")
+    _CHILD["log_file"].close()
+    if rc != 0:
+        text = _CHILD["log"].read_text()
+        pytest.fail(f"interpreter child failed (rc={rc}):\n{text[-6000:]}")
+    return json.loads(_CHILD["out"].read_text())
 
 
 @pytest.mark.parametrize("op", OPS)
