@@ -9,7 +9,7 @@ limbs), and ``exact_sum_finish`` rounds each exact sum once to fp32. The gradien
 correctly rounded sum of its terms, whatever the order, the grouping and the number of
 micro-batches or ranks the terms came from.
 
-Three ops share this contract:
+Four ops share this contract:
 
 - ``exact_sum_partial(terms, index=None, num_rows=None)``: terms fp32 ``[S, *E]`` summed over
   axis 0 -> int64 ``[*E, 20]``; with ``index`` int64 ``[S]`` (values in ``[0, num_rows)``),
@@ -18,6 +18,9 @@ Three ops share this contract:
 - ``exact_sum_merge(states)``: int64 ``[K, *E, 20]`` -> the canonical state of the union,
   ``[*E, 20]``.
 - ``exact_sum_finish(states)``: int64 ``[*E, 20]`` -> fp32 ``[*E]``.
+- ``exact_sum_accumulate(state, terms)``: int64 ``[*E, 20]`` and fp32 ``[S, *E]`` -> the canonical
+  state of the union, ``merge([state, partial(terms)])``, written into ``state`` (in place: the
+  trainer's accumulator of a weight gradient takes a unit's terms with no second state in memory).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ CONTRACT = Contract(
     version=1,
     summary="state = exact P10 sum of fp32 terms over axis 0 (or scattered by row index); finish = RN32(state)",
     invariances=("permutation", "reduction_order", "micro_batch", "repeat"),
-    dtypes={"terms": (torch.float32,), "index": (torch.int64,), "states": (torch.int64,)},
+    dtypes={"terms": (torch.float32,), "index": (torch.int64,), "states": (torch.int64,), "state": (torch.int64,)},
     parameters={
         "terms": "each term is the exact value of its fp32 bits (subnormals exact, -0 adds nothing)",
         "sum_axis": "exact_sum_partial sums over axis 0 of terms; every other axis is an output element",
@@ -50,6 +53,9 @@ CONTRACT = Contract(
                     "for every nonzero bit below the kept ones, subnormals exact, |sum| >= 2**128 - 2**103 to +-inf",
         "specials": "a NaN term, or a +inf and a -inf term, finish to NaN; else an infinite term gives that infinity",
         "zero_sign": "a zero exact sum and the empty sum finish to +0 (also for -0 terms only)",
+        "accumulate": "exact_sum_accumulate(state, terms) = exact_sum_merge([state, exact_sum_partial(terms)]): the "
+                      "given state (canonical or not) and the terms' exact sum added slot-wise, returned canonical "
+                      "and written into state",
     },
 )
 
@@ -123,8 +129,16 @@ def finish_reference(states: torch.Tensor) -> torch.Tensor:
     return superacc.finish(states)
 
 
+def accumulate_reference(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """``exact_sum_accumulate``: ``merge([state, partial(terms)])``, the canonical state [*E, 20].
+
+    The reference returns a new tensor; backends write the same bits into ``state`` and return it.
+    """
+    return merge_reference(torch.stack([state, partial_reference(terms)]))
+
+
 REFERENCES = {"exact_sum_partial": reference, "exact_sum_merge": merge_reference,
-              "exact_sum_finish": finish_reference}
+              "exact_sum_finish": finish_reference, "exact_sum_accumulate": accumulate_reference}
 
 
 # --------------------------------------------------------------------------- cases
@@ -157,6 +171,12 @@ def golden_cases() -> list[Case]:
              op="exact_sum_partial"),
         Case("merge_K4_E5x3", "golden", lambda: {"states": _states("merge", 4, (5, 3))}, op="exact_sum_merge"),
         Case("finish_E40", "golden", lambda: {"states": _states("finish", 1, (40,))[0]}, op="exact_sum_finish"),
+        Case("accumulate_S3_E6x5", "golden",
+             lambda: {"state": _states("acc", 1, (6, 5))[0], "terms": _spread("acc_terms", (3, 6, 5))},
+             op="exact_sum_accumulate"),
+        Case("accumulate_S1_E130", "golden",
+             lambda: {"state": _states("acc1", 1, (130,))[0], "terms": _terms("acc1_terms", (1, 130), std=1e3)},
+             op="exact_sum_accumulate"),
     ]
     return cases
 
@@ -198,6 +218,23 @@ def _overflow_merge() -> dict[str, Any]:
     return {"states": torch.stack([big, big, partial_reference(torch.full((1, 4), -3.0e38))])}
 
 
+def _accumulate_specials() -> dict[str, Any]:
+    """Special terms into states that already count specials, and sums that cancel the state exactly."""
+    terms = _specials()["terms"]
+    state = partial_reference(torch.cat([terms[:, [3, 2, 0, 1, 8, 9, 4, 6, 5, 7]], -terms[:1]]))
+    return {"state": state, "terms": terms}
+
+
+def _accumulate_carries() -> dict[str, Any]:
+    """A state of limbs 0xFFFF (one more unit carries through all sixteen), a negative carry limb, and
+    terms that borrow from the top: every limb of the ripple moves."""
+    state = partial_reference(torch.tensor([[2.0 ** 127 - 2.0 ** 103, -(2.0 ** 127), 1.0e-45, -1.0e-45]]))
+    state[..., :16] = 0xFFFF
+    state[1, 16] = -3
+    terms = torch.tensor([[1.0e-45, 1.0e-45, -1.0e-45, 2.0 ** 100], [0.0, -(2.0 ** 127), 0.0, -(2.0 ** 100)]])
+    return {"state": state, "terms": terms}
+
+
 def adversarial_cases() -> list[Case]:
     """Ties, specials, subnormals, empty inputs, scatter edges, merges that overflow only in floats."""
     p = "exact_sum_partial"
@@ -221,11 +258,27 @@ def adversarial_cases() -> list[Case]:
              op="exact_sum_finish"),
         Case("finish_noncanonical", "adversarial",
              lambda: {"states": _states("nonc", 3, (4,)).sum(dim=0)}, op="exact_sum_finish"),
+        Case("accumulate_specials", "adversarial", _accumulate_specials, op="exact_sum_accumulate"),
+        Case("accumulate_carries", "adversarial", _accumulate_carries, op="exact_sum_accumulate"),
+        Case("accumulate_noncanonical", "adversarial",
+             lambda: {"state": _states("acc_nonc", 3, (4, 2)).sum(dim=0), "terms": _spread("acc_nonc_t", (7, 4, 2))},
+             op="exact_sum_accumulate"),
+        Case("accumulate_empty_terms", "adversarial",
+             lambda: {"state": _states("acc_e", 2, (5,)).sum(dim=0), "terms": torch.zeros((0, 5))},
+             op="exact_sum_accumulate"),
+        Case("accumulate_empty_elements", "adversarial",
+             lambda: {"state": torch.zeros((3, 0, 20), dtype=torch.int64), "terms": torch.zeros((2, 3, 0))},
+             op="exact_sum_accumulate"),
+        Case("accumulate_noncontiguous", "adversarial",
+             lambda: {"state": _states("acc_ncs", 1, (9, 4))[0].transpose(0, 1),
+                      "terms": _spread("acc_nct", (9, 4, 3)).permute(2, 1, 0)},
+             op="exact_sum_accumulate"),
     ]
 
 
 def invariance_cases() -> list[InvarianceCase]:
-    """Permuted terms, micro-batches merged in any order, scatter of permuted (term, row) pairs, repeat."""
+    """Permuted terms, micro-batches merged in any order or accumulated in steps, scatter of permuted
+    (term, row) pairs, repeat."""
     terms = _spread("inv", (96, 4, 5))
     index = integers(seed_of("exact_sum", "inv_idx"), (96,), 0, 6)
 
@@ -260,11 +313,27 @@ def invariance_cases() -> list[InvarianceCase]:
         first = run("exact_sum_partial", terms=terms)
         return [first, first], [run("exact_sum_partial", terms=terms) for _ in range(2)]
 
+    def accumulated(run: Any) -> tuple[Any, Any]:
+        """Terms accumulated in steps (a trainer's micro-batches into one accumulator), in two orders."""
+        exp, act = [], []
+        whole = run("exact_sum_partial", terms=terms)
+        for cuts in ((1, 95), (40, 41, 70)):
+            bounds = [0, *cuts, 96]
+            spans = list(zip(bounds, bounds[1:]))
+            for order in (spans, spans[::-1]):
+                state = torch.zeros((4, 5, STATE_SLOTS), dtype=torch.int64)
+                for a, b in order:
+                    state = run("exact_sum_accumulate", state=state.clone(), terms=terms[a:b])
+                exp += [whole, finished(run, whole)]
+                act += [state, finished(run, state)]
+        return exp, act
+
     return [
         InvarianceCase("permuted_terms", "permutation", permutation, op="exact_sum_partial"),
         InvarianceCase("reversed_terms", "reduction_order", reduction_order, op="exact_sum_partial"),
         InvarianceCase("micro_batches_merged", "micro_batch", micro_batch, op="exact_sum_partial"),
         InvarianceCase("repeat", "repeat", repeat, op="exact_sum_partial"),
+        InvarianceCase("accumulated_in_steps", "micro_batch", accumulated, op="exact_sum_accumulate"),
     ]
 
 
@@ -279,9 +348,16 @@ def _native_merge(states: torch.Tensor) -> torch.Tensor:
     return states.sum(dim=0)
 
 
+def _native_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """The native trainer's reduction of a unit's terms in fp32 (its add into ``.grad`` is one more
+    pass over 4 bytes an element); the state has no native counterpart."""
+    return terms.sum(dim=0)
+
+
 def bench_cases() -> list[BenchCase]:
     """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight (large),
-    of a 256 x 256 weight (small); and the merge of two states of such weights."""
+    of a 256 x 256 weight (small); the merge of two states of such weights; and one sequence's
+    terms accumulated into such a weight's state (the trainer's step per sequence unit)."""
     cases = []
     for name, s, n, sizes in (("S64_1024x1024", 64, 1 << 20, ("large",)), ("S64_256x256", 64, 1 << 16, ("small",))):
         def make(device: torch.device, s: int = s, n: int = n) -> dict[str, Any]:
@@ -300,4 +376,12 @@ def bench_cases() -> list[BenchCase]:
 
         cases.append(BenchCase(name=name, make=make_states, native=_native_merge, flops=float(2 * n),
                                bytes=3 * 160.0 * n, op="exact_sum_merge", sizes=sizes))
+    for name, n, sizes in (("S1_1024x1024", 1 << 20, ("large",)), ("S1_256x256", 1 << 16, ("small",))):
+        def make_acc(device: torch.device, n: int = n) -> dict[str, Any]:
+            g = torch.Generator(device=device).manual_seed(2)
+            t = torch.randn(2, n, generator=g, device=device)
+            return {"state": partial_reference(t[:1].cpu()).to(device), "terms": t[1:]}
+
+        cases.append(BenchCase(name=name, make=make_acc, native=_native_accumulate, flops=float(n),
+                               bytes=4.0 * n + 2 * 160.0 * n, op="exact_sum_accumulate", sizes=sizes))
     return cases

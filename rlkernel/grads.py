@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlkernel.ops.exact_sum import exact_sum_finish, exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import exact_sum_accumulate, exact_sum_finish, exact_sum_merge, exact_sum_partial
 
 __all__ = ["ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units", "weight_grad"]
 
@@ -110,7 +110,11 @@ def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | 
     and every use of a tied weight adds exactly.
     """
     if index is None:
-        return deposit(param, exact_sum_partial(terms))
+        acc = getattr(param, "exact_grad", None)
+        if acc is None:
+            return exact_sum_finish(exact_sum_partial(terms)).to(param.dtype)
+        exact_sum_accumulate(acc, terms.to(acc.device))  # in place: no second state in memory
+        return None
     rows, local = torch.unique(index, return_inverse=True)  # only the rows some term names
     part = exact_sum_partial(terms, local, int(rows.shape[0]))
     acc = getattr(param, "exact_grad", None)
@@ -166,6 +170,17 @@ class UnitStates:
     def __init__(self, param: torch.Tensor) -> None:
         self.param = param
         self.state: torch.Tensor | None = None
+
+    def add_terms(self, terms: torch.Tensor) -> None:
+        """Add fp32 terms ``[S, *param.shape]`` (one per unit) exactly: :func:`exact_sum_accumulate` into
+        the accumulator (or the local state) in place, so no second state is formed."""
+        acc = getattr(self.param, "exact_grad", None)
+        if acc is not None:
+            exact_sum_accumulate(acc, terms.to(acc.device))
+        elif self.state is None:
+            self.state = exact_sum_partial(terms)
+        else:
+            exact_sum_accumulate(self.state, terms)
 
     def add(self, part: torch.Tensor) -> None:
         """Add one unit's state (int64 ``[*param.shape, 20]``)."""

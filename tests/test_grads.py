@@ -125,6 +125,28 @@ def test_exact_sum_errors_name_the_fix() -> None:
         rk.exact_sum_finish(torch.zeros(3, 7, dtype=torch.int64))
 
 
+def test_exact_sum_accumulate_is_in_place_and_equals_merge() -> None:
+    """The accumulator takes terms in place (the returned tensor is the state, a strided state too),
+    with the bits of merge(state, partial(terms)); its errors name the fix."""
+    g = torch.Generator().manual_seed(4)
+    terms = torch.randn(30, 7, 3, generator=g) * torch.logspace(-20, 20, 30).reshape(30, 1, 1)
+    start = rk.exact_sum_partial(terms[:10])
+    expected = rk.exact_sum_merge(torch.stack([start, rk.exact_sum_partial(terms[10:])]))
+    state = start.clone()
+    assert rk.exact_sum_accumulate(state, terms[10:]) is state
+    assert _bits(state) == _bits(expected)
+    strided = start.transpose(0, 1).contiguous().transpose(0, 1)  # [7, 3, 20] with non-contiguous strides
+    assert not strided.is_contiguous()
+    assert rk.exact_sum_accumulate(strided, terms[10:]) is strided
+    assert _bits(strided) == _bits(expected)
+    with pytest.raises(ValueError, match=r"expected \[S, 7, 3\]"):
+        rk.exact_sum_accumulate(state, terms[:, :6])
+    with pytest.raises(TypeError, match="float32"):
+        rk.exact_sum_accumulate(state, terms.to(torch.float64))
+    with pytest.raises(ValueError, match="20"):
+        rk.exact_sum_accumulate(state[..., :19], terms)
+
+
 def test_linear_weight_grad_accuracy_vs_float64() -> None:
     """Labelled accuracy: dW per sequence rounded once to fp32, summed exactly, vs float64 and torch bf16."""
     g = torch.Generator().manual_seed(3)

@@ -1,7 +1,8 @@
 """Exact per-element sums of fp32 terms (contract ``exact_sum`` v1) on the P10 superaccumulator.
 
-Dense sums reuse :func:`superacc.accumulate` over axis 0. The scatter form decomposes every
-term into its limb index and signed limb contribution and adds them with an int64
+Dense sums reuse :func:`superacc.accumulate` over axis 0; ``exact_sum_accumulate`` merges a
+slice of the accumulator with the partial of the same slice's terms, one slice at a time. The
+scatter form decomposes every term into its limb index and signed limb contribution and adds them with an int64
 ``scatter_add_`` into the raw limbs of its row: integer additions, so any order (atomics
 included) gives the same limbs; blocks of at most ``BLOCK_TERMS`` terms per row keep the raw
 limbs below 2**62 before they are normalised.
@@ -72,3 +73,18 @@ def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
     step = superacc.STEP_ELEMENTS  # bounds finish's int64 temporaries (a weight's state can be tens of GB)
     out = torch.cat([superacc.finish(flat[r0:r0 + step]) for r0 in range(0, flat.shape[0], step)])
     return out.reshape(states.shape[:-1])
+
+
+def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """``merge([state, partial(terms)])`` for ``state`` [*E, 20] and ``terms`` [S, *E], written into
+    ``state`` a slice of elements at a time (the temporaries are a few copies of one slice, never of
+    a whole weight's state); a strided ``state`` gets a new tensor, which the public op copies in."""
+    n = state.numel() // superacc.STATE_SLOTS
+    in_place = state.is_contiguous()
+    flat = state.view(n, superacc.STATE_SLOTS) if in_place else state.reshape(n, superacc.STATE_SLOTS).clone()
+    t = terms.reshape(terms.shape[0], n)
+    step = superacc.STEP_ELEMENTS
+    for e0 in range(0, n, step):
+        part = exact_sum_partial(t[:, e0:e0 + step])
+        flat[e0:e0 + step] = superacc.merge(torch.stack([flat[e0:e0 + step], part]), dim=0)
+    return state if in_place else flat.view(state.shape)

@@ -1,4 +1,4 @@
-"""``exact_sum_partial`` / ``exact_sum_merge`` / ``exact_sum_finish`` on Triton (contract ``exact_sum`` v1, P10).
+"""``exact_sum_partial`` / ``_merge`` / ``_finish`` / ``_accumulate`` on Triton (contract ``exact_sum`` v1, P10).
 
 The trainer's weight gradients live in these states (int64 ``[*E, 20]`` per parameter element,
 160 bytes each: 25 GB for a 152k x 1024 LM head), so their speed is the speed of every exact
@@ -14,6 +14,10 @@ written once.
   contributions < 2**39), made canonical once per chunk; the specials counted.
 - ``_merge_kernel``: the ``K`` states of each element, each made canonical, added slot by slot,
   made canonical (the canonical form is unique per value, so this is the generic code's state).
+- ``_accumulate_kernel``: the trainer's step per sequence unit, in place: each element's state
+  loaded and made canonical, the terms added as in ``_partial_kernel``, the result stored over the
+  state (4 bytes a term and 320 an element, against ``_partial_kernel`` then ``_merge_kernel`` of a
+  stacked copy: 4 + 160 + 3 x 160 + the stack's 2 x 320).
 - ``_finish_kernel``: ``RN32`` of each state (the steps of ``_tl_superacc.round_state``: top three
   16-bit limbs and a sticky bit, ties to even, the P10 special rules).
 
@@ -123,16 +127,11 @@ def _hit(limb, v, i):
 
 
 @triton.jit
-def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
-    """States of ``R`` elements of the terms ``[S_TERMS, n]`` (fp32) summed over axis 0: each term's
-    signed limb contribution added to its limb (int64 sums, exact for ``CHUNK_TERMS`` terms), the
-    limbs made canonical once per chunk, the specials counted."""
-    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
-    ok = e < n
-    z = tl.zeros([R], tl.int64)
-    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
-    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
-    nan, pinf, ninf = z, z, z
+def _add_terms(t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS: tl.constexpr, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11,
+               l12, l13, l14, l15, l16, nan, pinf, ninf):
+    """The limbs and counts plus the terms ``[S_TERMS, n]`` of elements ``e``: each term's signed limb
+    contribution added to its limb (int64 sums, exact for ``CHUNK_TERMS`` terms, contributions
+    < 2**39), the limbs made canonical once per chunk, the specials counted."""
     for c0 in range(0, S_TERMS, CHUNK_TERMS):
         for s in range(c0, tl.minimum(c0 + CHUNK_TERMS, S_TERMS)):
             t = tl.load(t_ptr + s * n + e, mask=ok, other=0.0)
@@ -159,6 +158,33 @@ def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl
             ninf += (b == -8388608).to(tl.int64)  # 0xFF800000 as int32
         l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
             l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
+    return l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf
+
+
+@triton.jit
+def _load_canonical(p, e, ok):
+    """Limbs 0..16 of the states of elements ``e`` (int64 ``[n, 20]`` at ``p``), made canonical."""
+    return _normalize(
+        _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
+        _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
+        _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
+        _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+
+
+@triton.jit
+def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+    """States of ``R`` elements of the terms ``[S_TERMS, n]`` (fp32) summed over axis 0: each term's
+    signed limb contribution added to its limb (int64 sums, exact for ``CHUNK_TERMS`` terms), the
+    limbs made canonical once per chunk, the specials counted."""
+    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    ok = e < n
+    z = tl.zeros([R], tl.int64)
+    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
+    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
+    nan, pinf, ninf = z, z, z
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
+        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
+        l15, l16, nan, pinf, ninf)
     _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
@@ -175,11 +201,7 @@ def _merge_kernel(s_ptr, out_ptr, K, n, R: tl.constexpr):
     nan, pinf, ninf = z, z, z
     for k in range(0, K):
         p = s_ptr + k * (n * 20)
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 = _normalize(
-            _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
-            _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
-            _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
-            _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 = _load_canonical(p, e, ok)
         l0 += a0
         l1 += a1
         l2 += a2
@@ -203,6 +225,25 @@ def _merge_kernel(s_ptr, out_ptr, K, n, R: tl.constexpr):
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
         l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
     _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+                 nan, pinf, ninf)
+
+
+@triton.jit
+def _accumulate_kernel(s_ptr, t_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+    """The states ``[n, 20]`` of ``R`` elements plus the terms ``[S_TERMS, n]`` (fp32), in place: the
+    state made canonical (as ``_merge_kernel`` does each of its states), each term's limb contribution
+    added (exact for ``CHUNK_TERMS`` terms a chunk), made canonical per chunk, stored over the state."""
+    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    ok = e < n
+    p = s_ptr
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _load_canonical(p, e, ok)
+    nan = _ld(p, e, ok, 17)
+    pinf = _ld(p, e, ok, 18)
+    ninf = _ld(p, e, ok, 19)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
+        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
+        l15, l16, nan, pinf, ninf)
+    _store_state(p, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
 
@@ -233,11 +274,7 @@ def _finish_kernel(s_ptr, out_ptr, n, R: tl.constexpr):
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
     p = s_ptr
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
-        _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
-        _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
-        _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
-        _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _load_canonical(p, e, ok)
     nan = _ld(p, e, ok, 17)
     pinf = _ld(p, e, ok, 18)
     ninf = _ld(p, e, ok, 19)
@@ -435,6 +472,25 @@ def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """Kernel ``exact_sum_accumulate``: ``state [*E, 20]`` plus the fp32 terms ``[S, *E]``, canonical,
+    in place (a strided state is worked on in a contiguous copy, which is returned)."""
+    n = state.numel() // SLOTS
+    if n == 0:
+        return state
+    in_place = state.is_contiguous()
+    st = state if in_place else state.contiguous()
+    o = st.view(n, SLOTS)
+    t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
+    r, chunk = _tiles()
+    blocks = _blocks("exact_sum_accumulate", n, max(t.shape[0], 1))
+    for e0, e1 in blocks:
+        tb = t if len(blocks) == 1 else t[:, e0:e1].contiguous()
+        _accumulate_kernel[(cdiv(e1 - e0, r),)](o[e0:e1], tb, t.shape[0], e1 - e0, CHUNK_TERMS=chunk, R=r,
+                                                num_warps=WARPS, **LAUNCH)
+    return st
+
+
 def static_specs(target):
     return [
         ("exact_sum_partial", "fp32_terms", _partial_kernel,
@@ -444,6 +500,10 @@ def static_specs(target):
         ("exact_sum_merge", "states", _merge_kernel,
          {"s_ptr": "*i64", "out_ptr": "*i64", "K": "i32", "n": "i64", "R": "constexpr"},
          {"R": ROWS}, {"num_warps": WARPS}),
+        ("exact_sum_accumulate", "state_fp32_terms", _accumulate_kernel,
+         {"s_ptr": "*i64", "t_ptr": "*fp32", "S_TERMS": "i32", "n": "i64", "CHUNK_TERMS": "constexpr",
+          "R": "constexpr"},
+         {"CHUNK_TERMS": CHUNK, "R": ROWS}, {"num_warps": WARPS}),
         ("exact_sum_finish", "states", _finish_kernel,
          {"s_ptr": "*i64", "out_ptr": "*fp32", "n": "i64", "R": "constexpr"},
          {"R": ROWS}, {"num_warps": WARPS}),

@@ -12,7 +12,6 @@ from rlkernel.nn.opset import OpsUser
 from rlkernel.nn.parallel import combine_owned, divide, gather_cat, max_fp32, tp_rank_size
 from rlkernel.ops import (
     embedding,
-    exact_sum_partial,
     token_entropy,
     token_logprobs_backward_finish,
     token_logprobs_backward_partial,
@@ -304,7 +303,7 @@ class _ShardedLogprobs(torch.autograd.Function):
             his.append(hi)
             los.append(lo)
             if dw is not None:
-                units.add(exact_sum_partial(dw.unsqueeze(0)))
+                units.add_terms(dw.unsqueeze(0))
         words = all_reduce_exact(torch.cat([torch.cat(his), torch.cat(los)]), "sum", group)
         dh = token_logprobs_backward_finish(words[:t], words[t:], ec, ew, hidden.dtype) if t else hidden.new_zeros(
             hidden.shape)

@@ -2,8 +2,9 @@
 
 The accumulator of weight gradients (:mod:`rlkernel.grads`): terms become exact P10
 superaccumulator states (``exact_sum_partial``), states merge by integer addition in any order
-(``exact_sum_merge``; across ranks a SUM all-reduce of the int64 slots), and each exact sum is
-rounded once to fp32 (``exact_sum_finish``).
+(``exact_sum_merge``; across ranks a SUM all-reduce of the int64 slots), an accumulator takes new
+terms in place (``exact_sum_accumulate``), and each exact sum is rounded once to fp32
+(``exact_sum_finish``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from rlkernel import _validate as v
 from rlkernel import dispatch
 
-__all__ = ["STATE_SLOTS", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial"]
+__all__ = ["STATE_SLOTS", "exact_sum_accumulate", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial"]
 
 #: Slots of one P10 state: 16 limbs, the carry limb, the NaN/+inf/-inf counts.
 STATE_SLOTS = 20
@@ -152,3 +153,52 @@ def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
     states = _states(op, states, 0)
     device = v.same_device(op, [("states", states)])
     return dispatch.call(op, device, states=states)
+
+
+def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """Add ``terms`` exactly into the accumulator ``state``, in place: ``state <- merge(state, partial(terms))``.
+
+    What a trainer's exact gradient accumulator does per sequence unit (:mod:`rlkernel.grads`):
+    the same bits as :func:`exact_sum_merge` of ``state`` and :func:`exact_sum_partial` of
+    ``terms``, without a second state in memory (a 152k x 1024 LM head's state is 25 GB).
+
+    Parameters
+    ----------
+    state : Tensor, int64, [*E, 20]
+        The accumulator (canonical or not: a partial, a merge, a SUM all-reduce of states);
+        updated in place. Any strides.
+    terms : Tensor, float32, [S, *E]
+        S terms per element; S may be 0 (the state is then made canonical). Any strides.
+
+    Returns
+    -------
+    Tensor
+        ``state`` itself (as ``torch.Tensor.add_`` returns self), canonical.
+
+    Raises
+    ------
+    TypeError
+        state is not int64 or terms not float32.
+    ValueError
+        The state's last axis is not 20, the shapes do not match (terms [S, *E] for a state
+        [*E, 20]), or the devices differ.
+
+    Bitwise semantics
+    -----------------
+    The canonical state of the union of the state's terms and ``terms``: integer additions,
+    so any split of a set of terms into accumulated chunks, in any order, gives the bits of
+    one ``exact_sum_partial`` of the whole set. Contract ``exact_sum`` v1.
+    """
+    op = "exact_sum_accumulate"
+    state = _states(op, state, 0)
+    terms = v.tensor(op, "terms", terms)
+    v.dtype(op, "terms", terms, (torch.float32,))
+    if terms.dim() != state.dim() or tuple(terms.shape[1:]) != tuple(state.shape[:-1]):
+        raise ValueError(f"{op}: terms has shape {tuple(terms.shape)} for a state of shape {tuple(state.shape)}; "
+                         f"expected [S, {', '.join(str(d) for d in state.shape[:-1])}] (S terms per element of the "
+                         f"state [*E, 20]; a single term: terms.unsqueeze(0))")
+    device = v.same_device(op, [("state", state), ("terms", terms)])
+    out = dispatch.call(op, device, state=state, terms=terms)
+    if out is not state:  # kernels return state updated in place, or a new tensor (e.g. for a strided state)
+        state.copy_(out)
+    return state

@@ -14,7 +14,6 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_partial
 
 __all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
 
@@ -161,8 +160,7 @@ def _weight_grad(weight: torch.Tensor, gy: torch.Tensor, x2: torch.Tensor, units
     for g0 in range(0, len(spans), per_group):
         terms = torch.stack([dispatch.call("linear", gy.device, x=gy[a:b].T, weight=x2[a:b].T, bias=None,
                                            out_dtype=torch.float32) for a, b in spans[g0:g0 + per_group]])
-        part = exact_sum_partial(terms)
-        unit_sum.add(part)
+        unit_sum.add_terms(terms)
     return unit_sum.gradient()
 
 

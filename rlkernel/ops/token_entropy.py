@@ -10,7 +10,6 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_partial
 from rlkernel.ops.token_logprobs import MAX_HIDDEN, MAX_VOCAB, _temperature
 
 __all__ = ["TokenEntropyFunction", "token_entropy", "token_entropy_backward"]
@@ -151,8 +150,7 @@ class TokenEntropyFunction(torch.autograd.Function):
                 if dh_u is not None:
                     dh_parts.append(dh_u)
                 terms.append(dw_u)
-            part = exact_sum_partial(torch.stack(terms))
-            units_sum.add(part)
+            units_sum.add_terms(torch.stack(terms))
         dh = None
         if need_h:
             dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)

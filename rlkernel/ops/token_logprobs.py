@@ -12,7 +12,6 @@ import torch
 
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
-from rlkernel.ops.exact_sum import exact_sum_partial
 
 #: Largest vocabulary (all shards together): V * 2**40 < 2**63 (exact probability sum, F = 40).
 MAX_VOCAB = 1 << 22
@@ -193,8 +192,7 @@ class TokenLogprobsFunction(torch.autograd.Function):
                 if dh_u is not None:
                     dh_parts.append(dh_u)
                 terms.append(dw_u)
-            part = exact_sum_partial(torch.stack(terms))
-            units_sum.add(part)
+            units_sum.add_terms(torch.stack(terms))
         dh = None
         if need_h:
             dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)

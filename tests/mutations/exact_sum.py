@@ -1,5 +1,6 @@
 """Mutants of exact_sum: the terms, the axis, the scatter rows, the state form, the merge, the
-rounding, the specials and the zero sign, and an fp32 (order-dependent) sum."""
+accumulation into a state, the rounding, the specials and the zero sign, and an fp32
+(order-dependent) sum."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def _merge_raw(states):  # type: ignore[no-untyped-def]
     return states.sum(dim=0)
 
 
+def _state_restarted(state, terms):  # type: ignore[no-untyped-def]
+    """The accumulator's old contents dropped: the state becomes the terms' partial alone."""
+    return _partial(terms)
+
+
 def _specials_dropped(terms, index=None, num_rows=None):  # type: ignore[no-untyped-def]
     out = _partial(terms, index, num_rows).clone()
     out[..., 17:] = 0
@@ -70,6 +76,8 @@ MUTATIONS = [
     mutation(OP, "scatter", "row index + 1", patch(M, "exact_sum_partial", _rows_shifted)),
     mutation(OP, "state", "balanced limbs in partials", patch(M, "exact_sum_partial", _balanced_partial)),
     mutation(OP, "merge", "slot sums without carries", patch(M, "exact_sum_merge", _merge_raw)),
+    mutation(OP, "accumulate", "the state restarted from the terms",
+             patch(M, "exact_sum_accumulate", _state_restarted)),
     mutation(OP, "rounding", "to nearest -> toward zero", patch(SA, "_round_up", _truncate)),
     mutation(OP, "specials", "special counts dropped", patch(M, "exact_sum_partial", _specials_dropped)),
     mutation(OP, "specials", "NaN terms ignored at finish", patch(SA, "finish", _nan_terms_ignored)),
