@@ -36,7 +36,8 @@ import torch
 
 from rlkernel.ops.exact_sum import exact_sum_accumulate, exact_sum_finish, exact_sum_merge, exact_sum_partial
 
-__all__ = ["ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units", "weight_grad"]
+__all__ = ["ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units",
+           "units_per_group", "weight_grad"]
 
 _UNITS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("rlkernel_units", default=None)
 
@@ -157,6 +158,20 @@ def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
         return exact_sum_finish(state).to(param.dtype)
     merge_into(acc, state)
     return None
+
+
+#: Elements of per-unit fp32 terms held at once before they are accumulated (small weights) ...
+TERMS_BUDGET = 1 << 24
+#: ... and at least this many units' terms (large weights): 32 bytes an element, a fifth of the
+#: 160-byte exact state the gradient holds anyway, so the state is read and written once per 8
+#: units instead of once per unit (the LM head's 25 GB state: ~50 ms a pass on the H200)
+TERMS_PER_STATE = 8
+
+
+def units_per_group(param: torch.Tensor) -> int:
+    """How many units' fp32 terms ``[k, *param.shape]`` a backward holds before one
+    :meth:`UnitStates.add_terms`: ``max(TERMS_BUDGET // numel, TERMS_PER_STATE)``."""
+    return max(TERMS_BUDGET // max(param.numel(), 1), TERMS_PER_STATE)
 
 
 class UnitStates:

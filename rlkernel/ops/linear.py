@@ -146,16 +146,12 @@ class LinearFunction(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-#: Elements of per-unit dW terms held at once before they are folded into an exact state.
-_TERMS_BUDGET = 1 << 24
-
-
 def _weight_grad(weight: torch.Tensor, gy: torch.Tensor, x2: torch.Tensor, units: list[int]) -> torch.Tensor | None:
     """dW: one exact digit matmul per unit (rounded once to fp32), the units summed exactly."""
     spans = [(a, b) for a, b in zip(units, units[1:]) if b > a]
     for a, b in spans:
         _backward_bound("dW = dY.T @ x of one sequence", "its tokens", b - a)
-    per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
+    per_group = grads.units_per_group(weight)
     unit_sum = grads.UnitStates(weight)
     for g0 in range(0, len(spans), per_group):
         terms = torch.stack([dispatch.call("linear", gy.device, x=gy[a:b].T, weight=x2[a:b].T, bias=None,

@@ -16,8 +16,6 @@ __all__ = ["TokenEntropyFunction", "token_entropy", "token_entropy_backward"]
 
 #: Largest token count of one d_weight unit: the exact int64 digit product over tokens (|C| <= T * 2**47 < 2**63).
 MAX_UNIT_TOKENS = (1 << 16) - 1
-#: Elements of per-unit d_weight terms held at once before they are folded into an exact state.
-_TERMS_BUDGET = 1 << 24
 
 _SEMANTICS = """
     Bitwise semantics
@@ -141,7 +139,7 @@ class TokenEntropyFunction(torch.autograd.Function):
             return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None
         dh_parts: list[torch.Tensor] = []
         units_sum = grads.UnitStates(weight)
-        per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
+        per_group = grads.units_per_group(weight)
         for g0 in range(0, len(spans), per_group):
             terms = []
             for a, b in spans[g0:g0 + per_group]:

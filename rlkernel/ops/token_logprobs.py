@@ -19,8 +19,6 @@ MAX_VOCAB = 1 << 22
 MAX_HIDDEN = (1 << 16) - 1
 #: Largest token count of one d_weight unit: the exact int64 digit product over tokens (|C| <= T * 2**47 < 2**63).
 MAX_UNIT_TOKENS = (1 << 16) - 1
-#: Elements of per-unit d_weight terms held at once before they are folded into an exact state.
-_TERMS_BUDGET = 1 << 24
 #: Token ids may come as int64 or int32 (as for embedding); the kernels always receive int64.
 _IDS = (torch.int64, torch.int32)
 
@@ -182,7 +180,7 @@ class TokenLogprobsFunction(torch.autograd.Function):
             return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None, None
         dh_parts: list[torch.Tensor] = []
         units_sum = grads.UnitStates(weight)
-        per_group = max(1, _TERMS_BUDGET // max(weight.numel(), 1))
+        per_group = grads.units_per_group(weight)
         for g0 in range(0, len(spans), per_group):
             terms = []
             for a, b in spans[g0:g0 + per_group]:
