@@ -1,5 +1,5 @@
 """Shared pytest hooks: the mutation test's summary (how many mutants ran, which case caught each),
-and the Triton-interpreter child started early and its tests run last."""
+and the Triton-interpreter children started early and their tests run last."""
 
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ def _module_name(item: Any) -> str:
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
-    """Run the Triton-interpreter tests last: their child process (started when collection
-    finishes) then works on the second core while the rest of the suite runs, instead of the
-    suite waiting ~30 minutes for it at the module's place in file order."""
+    """Run the Triton-interpreter tests last: their child processes (started when collection
+    finishes) then work beside the rest of the suite, instead of the suite waiting ~30 minutes
+    for them at the module's place in file order."""
     items.sort(key=lambda item: _module_name(item) == INTERPRETER_MODULE)
 
 
 def pytest_collection_finish(session: Any) -> None:
-    """Start the interpreter child when any of its tests is selected (after ``-k``/``-m``)."""
+    """Start the interpreter children when any of their tests is selected (after ``-k``/``-m``)."""
     ops = [item.callspec.params["op"] for item in session.items
            if _module_name(item) == INTERPRETER_MODULE and hasattr(item, "callspec")]
     if ops:

@@ -1,9 +1,10 @@
 """The CUDA backend's Triton kernels under the Triton interpreter, bitwise against the reference.
 
 ``TRITON_INTERPRET=1`` must be set before ``triton.jit`` decorates a kernel, so the kernels run
-in a child process: the module-scoped fixture starts ``python tests/test_cuda_interpreter.py``
-with the variable set; the child runs every check and writes JSON; each pytest test asserts on
-one op's share of it. (Run the file under ``TRITON_INTERPRET=1 pytest`` and the checks run
+in child processes: when collection ends, tests/conftest.py starts two ``python
+tests/test_cuda_interpreter.py`` children with the variable set (the ops dealt between them), which
+run beside the rest of the suite while this module's tests wait at the end of the run; each child
+runs its checks and writes JSON; each pytest test asserts on one op's share of it. (Run the file under ``TRITON_INTERPRET=1 pytest`` and the checks run
 in-process instead.)
 
 What runs, per op with a CUDA kernel: every non-``full_only`` golden and adversarial case of
@@ -451,35 +452,41 @@ OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split",
        + [f"small_tiles_{op}" for op in RL_TILED])
 
 
-#: the interpreter child, started by :func:`start_child` (tests/conftest.py starts it when collection
-#: ends, so that it runs on the second core while the rest of the suite runs on the first)
+#: interpreter children: two, so that both CI cores work on them once the rest of the suite is done
+CHILDREN = 2
+#: the children, started by :func:`start_child` (tests/conftest.py starts them when collection ends,
+#: so that they run beside the rest of the suite instead of after it)
 _CHILD: dict[str, Any] = {}
 
 
 def start_child(ops: list[str] | None = None) -> None:
-    """Start the interpreter child (once) for ``ops`` (the selected tests' entries of :data:`OPS`; all
-    of them by default); its output goes to files under ``.pytest_cache`` so that a full pipe cannot
-    stall it while nobody reads."""
+    """Start the interpreter children (once) for ``ops`` (the selected tests' entries of :data:`OPS`;
+    all of them by default), dealt round-robin over :data:`CHILDREN` processes; their output goes to
+    files under ``.pytest_cache`` so that a full pipe cannot stall them while nobody reads."""
     if INNER or _CHILD:
         return
     cache = ROOT / ".pytest_cache"
     cache.mkdir(exist_ok=True)
-    out_path, log_path = cache / "cuda_interpreter.json", cache / "cuda_interpreter.log"
-    out_path.unlink(missing_ok=True)
-    # one torch thread: the child shares the two CI cores with the main pytest process
+    # one torch thread each: the children share the CI cores with the main pytest process
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    log = log_path.open("w")
-    proc = subprocess.Popen([sys.executable, __file__, "--json", str(out_path), *(ops or OPS)], env=env, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    _CHILD.update(proc=proc, out=out_path, log=log_path, started=time.monotonic(), log_file=log)
+    wanted = list(ops or OPS)
+    procs = []
+    for i in range(min(CHILDREN, len(wanted))):
+        out_path, log_path = cache / f"cuda_interpreter.{i}.json", cache / f"cuda_interpreter.{i}.log"
+        out_path.unlink(missing_ok=True)
+        log = log_path.open("w")
+        proc = subprocess.Popen([sys.executable, __file__, "--json", str(out_path), *wanted[i::CHILDREN]], env=env,
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+        procs.append({"proc": proc, "out": out_path, "log": log_path, "log_file": log})
+    _CHILD.update(procs=procs, started=time.monotonic())
 
 
 def stop_child() -> None:
-    """Kill the child if it still runs (the session ended before its tests ran, or was interrupted)."""
-    proc = _CHILD.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    """Kill the children that still run (the session ended before their tests ran, or was interrupted)."""
+    for child in _CHILD.get("procs", []):
+        if child["proc"].poll() is None:
+            child["proc"].kill()
+            child["proc"].wait()
 
 
 @pytest.fixture(scope="module")
@@ -487,19 +494,19 @@ def interpreter_results() -> dict[str, list[dict[str, Any]]]:
     if INNER:
         return {}
     start_child()
-    proc = _CHILD["proc"]
-    left = CHILD_TIMEOUT - (time.monotonic() - _CHILD["started"])
-    try:
-        rc = proc.wait(timeout=max(left, 1.0))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"interpreter child ran past {CHILD_TIMEOUT} s; its log: {_CHILD['log']}")
-    _CHILD["log_file"].close()
-    if rc != 0:
-        text = _CHILD["log"].read_text()
-        pytest.fail(f"interpreter child failed (rc={rc}):\n{text[-6000:]}")
-    return json.loads(_CHILD["out"].read_text())
+    results: dict[str, list[dict[str, Any]]] = {}
+    for child in _CHILD["procs"]:
+        left = CHILD_TIMEOUT - (time.monotonic() - _CHILD["started"])
+        try:
+            rc = child["proc"].wait(timeout=max(left, 1.0))
+        except subprocess.TimeoutExpired:
+            stop_child()
+            pytest.fail(f"interpreter children ran past {CHILD_TIMEOUT} s; logs: {child['log']}")
+        child["log_file"].close()
+        if rc != 0:
+            pytest.fail(f"interpreter child failed (rc={rc}):\n{child['log'].read_text()[-6000:]}")
+        results.update(json.loads(child["out"].read_text()))
+    return results
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -529,7 +536,7 @@ if __name__ == "__main__":
         counts: dict[str, int] = {}
         for r in recs:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
-        print(op, counts)
+        print(op, counts, f"{sum(r.get('seconds', 0) for r in recs):.0f} s")
         for r in recs:
             if r["status"] in ("fail", "error"):
                 print("  ", r["case"], r["status"], r["detail"][:300])
