@@ -4,8 +4,8 @@
 in child processes: when collection ends, tests/conftest.py starts two ``python
 tests/test_cuda_interpreter.py`` children with the variable set (the ops dealt between them), which
 run beside the rest of the suite while this module's tests wait at the end of the run; each child
-runs its checks and writes JSON; each pytest test asserts on one op's share of it. (Run the file under ``TRITON_INTERPRET=1 pytest`` and the checks run
-in-process instead.)
+runs its checks and writes JSON; each pytest test asserts on one op's share of it. (Run the file
+under ``TRITON_INTERPRET=1 pytest`` and the checks run in-process instead.)
 
 What runs, per op with a CUDA kernel: every non-``full_only`` golden and adversarial case of
 its contract that is small enough for the interpreter (:data:`MAX_WORK`), through the public
