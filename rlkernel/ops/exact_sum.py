@@ -194,9 +194,10 @@ def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
     terms = v.tensor(op, "terms", terms)
     v.dtype(op, "terms", terms, (torch.float32,))
     if terms.dim() != state.dim() or tuple(terms.shape[1:]) != tuple(state.shape[:-1]):
+        want = ", ".join(["S", *(str(d) for d in state.shape[:-1])])
         raise ValueError(f"{op}: terms has shape {tuple(terms.shape)} for a state of shape {tuple(state.shape)}; "
-                         f"expected [S, {', '.join(str(d) for d in state.shape[:-1])}] (S terms per element of the "
-                         f"state [*E, 20]; a single term: terms.unsqueeze(0))")
+                         f"expected [{want}] (S terms per element of the state [*E, 20]; a single term: "
+                         f"terms.unsqueeze(0))")
     device = v.same_device(op, [("state", state), ("terms", terms)])
     out = dispatch.call(op, device, state=state, terms=terms)
     if out is not state:  # kernels return state updated in place, or a new tensor (e.g. for a strided state)
