@@ -110,8 +110,9 @@ def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tenso
 
 
 class Products:
-    """The backward's matrix products: the logits of token rows against weight rows, and the exact
-    int64 ``X @ W.T`` of coefficient rows (28-bit grids) against 21-bit-grid rows.
+    """The backward's matrix products: the logits of token rows against weight rows, the exact
+    int64 ``X @ W.T`` of coefficient rows (28-bit grids) against 21-bit-grid rows, and the one
+    rounding of d_weight's exact sums (``V x H`` elements: the largest elementwise pass).
 
     This class is the device-generic way (digit GEMMs in torch, float64 grids on the CPU);
     a backend with faster exact GEMMs passes a subclass (``backends/triton/token_logprobs_backward.py``:
@@ -128,6 +129,11 @@ class Products:
     def exact(self, x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """Exact int64 ``X @ W.T``: x fp32 [M, K] on 28-bit row grids ``ex``, w [N, K] on 21-bit grids ``ew``."""
         return _product(x, w, ex, ew)
+
+    def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+        """fp32 [M, N] ``RN32(acc * 2**(ex + ew - 47))``, one rounding, NaN on sentinel rows/columns
+        (d_weight's rows from their exact int64 sums: ``linear_finish``'s semantics)."""
+        return _finish(acc, ex, ew)
 
 
 GENERIC = Products()
@@ -291,7 +297,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
             c = _coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
                               targets[t0:t1] - vocab_start - v0, finite_all[t0:t1])
             acc += products.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
-        out.d_weight[v0:v1] = _finish(acc, ec[v0:v1], eh)
+        out.d_weight[v0:v1] = products.finish(acc, ec[v0:v1], eh)
     return out
 
 

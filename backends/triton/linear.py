@@ -56,6 +56,8 @@ DECODE_MAX_M = 64
 #: SMs (M = 256 rows of a decode step at N = 1024: 32 tiles on 132 SMs), each split at least this
 #: many BLOCK_K steps; the int64 partials are added with atomics into a zeroed buffer (exact)
 PREFILL_SPLIT_MIN_STEPS = 4
+#: (BLOCK_M, BLOCK_N) of the standalone finish kernel (4 warps)
+FINISH_TILE = (32, 64)
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -386,7 +388,7 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
     if m == 0 or n == 0:
         return y
     acc = acc.contiguous()
-    bm, bn = 32, 64
+    bm, bn = FINISH_TILE
     _linear_finish_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         acc, ex.contiguous(), ew.contiguous(), bias if bias is not None else y, y, m, n,
         HAS_BIAS=bias is not None, OUT=OUT_CODE[out_dtype], BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **LAUNCH)
@@ -487,6 +489,14 @@ def gemm_spec(op: str, case: str, w: str, y: str, tile: tuple[int, int, int, int
             {"num_warps": tile[3], "num_stages": tile[4]})
 
 
+def finish_spec(op: str, case: str, y: str, *, bias: bool, out: int):
+    """A static-check spec of ``_linear_finish_kernel`` with output (and bias) type ``y`` and format code ``out``."""
+    return (op, case, _linear_finish_kernel,
+            {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": y, "y_ptr": y, "M": "i32",
+             "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"},
+            {"HAS_BIAS": bias, "OUT": out, "BLOCK_M": FINISH_TILE[0], "BLOCK_N": FINISH_TILE[1]})
+
+
 def gemm_tiles(target: TritonTarget) -> tuple[tuple[int, int, int, int, int], tuple[int, int, int, int, int]]:
     """(prefill, decode) GEMM tiles of ``target`` as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     d_bn, d_bk, d_warps, d_stages = target.linear_decode
@@ -510,9 +520,5 @@ def static_specs(target: TritonTarget):
          atomic=True)
     gemm("partial_gemm_int64_out", "*i8", "*i64", prefill, w_digits=True, finish=False)
     gemm("prefill_split_k_int64_atomic", "*i8", "*i64", prefill, w_digits=True, finish=False, atomic=True)
-    specs.append(("linear", "finish_fp16_out_bias", _linear_finish_kernel,
-                  {"acc_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "bias_ptr": "*fp16", "y_ptr": "*fp16",
-                   "M": "i32", "N": "i32", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
-                   "BLOCK_N": "constexpr"},
-                  {"HAS_BIAS": True, "OUT": 2, "BLOCK_M": 32, "BLOCK_N": 64}))
+    specs.append(finish_spec("linear", "finish_fp16_out_bias", "*fp16", bias=True, out=2))
     return specs

@@ -13,7 +13,12 @@ here instead of as fp32 digit GEMMs in torch:
   rows go on their 28-bit grids as four balanced base-128 digits made by the generic digit
   helper (exact for 24-bit significands; ``linear``'s digit kernel rounds bf16/fp16 grids
   only), cast to int8 (every digit lies in [-64, 64]); the other operand (W.T or h.T, bf16/fp16,
-  strided views) gets its three digits from ``linear``'s digit kernel on the given exponents.
+  strided views) gets its three digits from ``linear``'s digit kernel on the given exponents;
+* the one rounding of d_weight's exact sums, ``RN32(C 2**(ec + eh - 47))`` over ``V x H``
+  elements: ``linear``'s finish kernel (:func:`.linear.linear_finish`; the grids are ``linear``'s,
+  28 + 21 bits, and so is the sentinel). In torch int64 operations it was ~80 % of the bytes the
+  generic elementwise passes moved at T = 128, V = 151 936, H = 1024 (235 of 302 GB counted by
+  ``tools/tlb_bytes.py``).
 
 Every product is exact or rounded once by contract, so the bits are those of the generic
 backward (the conformance suite checks both against the golden hashes). The profile that asked
@@ -54,6 +59,10 @@ class TritonProducts(_generic.Products):
         planes = _digits_f32(x, ex, _generic.C_BITS, _generic.C_DIGITS).to(torch.int8)
         return L.partial_from_planes(planes, ex, w, ew, target=self.target)
 
+    def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+        # C_BITS + O_BITS == X_BITS + W_BITS (47) and the same sentinel: linear_finish's kernel is this rounding
+        return L.linear_finish(acc, ex, ew, None, torch.float32)
+
 
 def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                             temperature: float = 1.0, need_hidden: bool = True, need_weight: bool = True, *,
@@ -80,7 +89,8 @@ def static_specs(target: TritonTarget):
     """The ``linear`` kernel specialisations this op launches beyond those ``linear`` lists: the
     weight's row exponents alone, the digit planes of W.T / h.T on given exponents, the exact
     int64 products on both paths (T <= 64 rows: decode tiles reading the bf16 operand; more:
-    prefill tiles on int8 planes, K split with int64 atomics when the tiles are few)."""
+    prefill tiles on int8 planes, K split with int64 atomics when the tiles are few), and the
+    finish kernel rounding d_weight to fp32 without a bias."""
     prefill, decode = L.gemm_tiles(target)
     return [
         L.digits_spec("token_logprobs_backward", "bf16_weight_exponents", "bf16", has_e=False, write=False, bits=20),
@@ -92,4 +102,5 @@ def static_specs(target: TritonTarget):
                     finish=False),
         L.gemm_spec("token_logprobs_backward", "prefill_split_k_int64_atomic", "*i8", "*i64", prefill,
                     w_digits=True, finish=False, atomic=True),
+        L.finish_spec("token_logprobs_backward", "d_weight_finish_fp32_out", "*fp32", bias=False, out=0),
     ]
