@@ -266,21 +266,39 @@ def run_primitive_checks() -> list[dict[str, Any]]:
     bounds_ok = bool((d[0].abs() <= 64).all() and (d[1].abs() <= 64).all() and (d[2].abs() <= 64).all())
     results.append({"case": "digit_bounds", "op": "primitives", "kind": "primitive",
                     "status": "pass" if bounds_ok else "fail", "detail": "" if bounds_ok else "digit out of [-64, 64]"})
+    # fp32 on 28-bit grids (24-bit significands: fractions up to 2**23 to round, ties among them)
+    xf = torch.cat([x[torch.isfinite(x)][:30000], torch.tensor([0.5, 1.5, 2.5, -2.5, 8388607.5, -8388606.5,
+                                                                 4194303.5, 16777215.0, -0.0])])
+    ef = (torch.randint(0, 6, xf.shape, generator=g) + F.expo(xf)).clamp(min=-149, max=128)
+    near = (xf.abs() == 8388607.5) | (xf.abs() == 8388606.5) | (xf.abs() == 16777215.0)
+    ef = torch.where(near, 27, ef)  # scale 1 or 8: halves just below 2**23 (ties to even), integers above it
+    d4 = P.prim_grid28(xf, ef.to(torch.int32)).to(torch.int64)
+    scale = torch.ldexp(torch.ones_like(ef, dtype=torch.float64), 27 - ef)
+    grid28 = torch.round(xf.to(torch.float64) * scale)  # exact product in float64, then RNE
+    rec("grid28_f32_digits", grid28.to(torch.int64), d4[0] + (d4[1] << 7) + (d4[2] << 14) + (d4[3] << 21))
+    bounds_ok = bool((d4.abs() <= 64).all())
+    results.append({"case": "digit_bounds_28", "op": "primitives", "kind": "primitive",
+                    "status": "pass" if bounds_ok else "fail", "detail": "" if bounds_ok else "digit out of [-64, 64]"})
     return results
 
 
 #: token_logprobs_backward cases of 10-14 tokens, run again under ``small_tiles``
 SMALL_TILE_BACKWARD_CASES = ("partial_phase2_bf16", "massive_token", "non_contiguous", "specials_in_hidden_fp16")
+#: their logits budget there: 8 KB holds 3-11 tokens of their 90-270 vocabulary rows (of 10-14 tokens)
+SMALL_TILE_BACKWARD_LOGITS_BYTES = 8192
 
 
 def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges; linear's
     prefill path from M = 9, with K split over programs; token_logprobs_backward's products on it
-    for a few cases of 10-14 tokens), 16x32 (query x key) tiles in attention. The bits must not
-    move: tiling is free because every sum is an integer sum."""
+    for a few cases of 10-14 tokens, in several token chunks and 4 x 32 coefficient tiles), 16x32
+    (query x key) tiles in attention. The bits must not move: tiling is free because every sum is
+    an integer sum."""
+    from rlkernel.backends.generic import token_logprobs_backward as backward
     from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
+    saved_logits = backward.LOGITS_BYTES
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
              attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
@@ -292,13 +310,17 @@ def run_tiling_checks() -> list[dict[str, Any]]:
             for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)
-        # token_logprobs_backward's products with T > 8 rows on the prefill path (int8 planes, K split)
+        # token_logprobs_backward's products with T > 8 rows on the prefill path (int8 planes, K split),
+        # with a logits budget of a few tokens: several token chunks (the coefficient kernel's column
+        # maxima merged over chunks and over 4-row programs), then pass B (logits recomputed per block)
+        backward.LOGITS_BYTES = SMALL_TILE_BACKWARD_LOGITS_BYTES
         for rec in run_op_checks("token_logprobs_backward", select=SMALL_TILE_BACKWARD_CASES.__contains__):
             rec["case"] = f"token_logprobs_backward/{rec['case']}"
             records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
          attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M) = saved
+        backward.LOGITS_BYTES = saved_logits
     records.extend(run_sample_split_checks())
     return records
 

@@ -130,6 +130,45 @@ class Products:
         """Exact int64 ``X @ W.T``: x fp32 [M, K] on 28-bit row grids ``ex``, w [N, K] on 21-bit grids ``ew``."""
         return _product(x, w, ex, ew)
 
+    def row_stats(self, z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(m, S)`` of logits rows z fp32 [r, V]: the R5 row max (NaN where a row holds NaN) and the
+        exact ``S = sum_v RNE(exp_c(z - m0) 2**40)`` int64, ``m0`` = m where finite, else 0 (``vs``:
+        columns per torch operation)."""
+        m = nan_max(z, dim=-1)
+        m0 = torch.where(torch.isfinite(m), m, 0.0)
+        zero = torch.zeros((), dtype=torch.int64, device=z.device)
+        s_int = torch.zeros(z.shape[0], dtype=torch.int64, device=z.device)
+        for v0 in range(0, z.shape[1], vs):
+            s_int += to_fixed(exp_c(z[:, v0:v0 + vs] - m0.unsqueeze(1)), zero, F_SUM).sum(dim=-1)
+        return m, s_int
+
+    def coefficients(self, z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor,
+                     s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor, vs: int,
+                     columns: tuple[torch.Tensor, torch.Tensor] | None,
+                     row_exponents: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(c, ex)``: the fp32 coefficients [r, k] of logits block z (column j is vocabulary entry
+        ``v0 + j``, ``local_y`` = target - v0) and, with ``row_exponents``, the rows' exponents of c
+        (``linear``'s ``_exponents``: ZERO_EXP for all-zero rows, SENTINEL for rows holding NaN/inf).
+
+        ``columns`` = (colmax fp32 [k], colbad bool [k]), updated in place: the running maxima of
+        the finite ``|c|`` over the rows, and whether a column holds a non-finite c.
+        """
+        c = torch.empty(z.shape, dtype=torch.float32, device=z.device)
+        for v0 in range(0, z.shape[1], vs):
+            v1 = min(v0 + vs, z.shape[1])
+            c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, local_y - v0, finite)
+        if columns is not None:
+            colmax, colbad = columns
+            live = torch.isfinite(c)
+            torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0), out=colmax)
+            colbad |= ~live.all(dim=0)
+        return c, _exponents(c) if row_exponents else None
+
+    def column_exponents(self, t: torch.Tensor) -> torch.Tensor:
+        """int64 [K]: the exponents of the columns of t [N, K] (the rows of ``t.T`` as ``linear``'s
+        ``_exponents`` gives them: ZERO_EXP for all-zero, SENTINEL for columns holding NaN/inf)."""
+        return _exponents(t.T)
+
     def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """fp32 [M, N] ``RN32(acc * 2**(ex + ew - 47))``, one rounding, NaN on sentinel rows/columns
         (d_weight's rows from their exact int64 sums: ``linear_finish``'s semantics)."""
@@ -217,7 +256,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         out.lo = torch.zeros((t, h), dtype=torch.int64, device=dev)
     elif need_hidden:
         out.d_hidden = torch.empty((t, h), dtype=dtype, device=dev)
-    ew = given_ew if given_ew is not None else (_exponents(weight.T) if need_hidden else None)
+    ew = given_ew if given_ew is not None else (products.column_exponents(weight) if need_hidden else None)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
 
     work, logits_bytes = WORK_BYTES * budget_scale(dev), LOGITS_BYTES * budget_scale(dev)
@@ -232,12 +271,9 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         for v0, v1, block in products.logits(hidden[t0:t1], weight, vc, tau):
             z[:, v0:v1] = block
         if row_max is None or sum_int is None:
-            m = nan_max(z, dim=-1)
+            m, s_int = products.row_stats(z, vs)
             finite = torch.isfinite(m)
             m0 = torch.where(finite, m, 0.0)
-            s_int = torch.zeros(t1 - t0, dtype=torch.int64, device=dev)
-            for v0 in range(0, v, vs):
-                s_int += to_fixed(exp_c(z[:, v0:v0 + vs] - m0.unsqueeze(1)), zero, F_SUM).sum(dim=-1)
         else:
             finite = torch.isfinite(row_max[t0:t1])
             m0 = torch.where(finite, row_max[t0:t1], 0.0)
@@ -248,21 +284,18 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         p_y = exp_c(z.gather(1, y.clamp(0, v - 1).view(-1, 1)).view(-1) - m0)
         a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
         s = s_all[t0:t1]
-        c = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
-        for v0 in range(0, v, vs):
-            v1 = min(v0 + vs, v)
-            c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, y - v0, finite)
+        own_ex = out.ex is not None or (need_hidden and ew is not None and given_ex is None)
+        c, c_ex = products.coefficients(z, m0, total, a_y, s, y, finite, vs,
+                                        None if out.ex is not None else (colmax, colbad), own_ex)
         del z
         if out.ex is not None:
-            out.ex[t0:t1] = _exponents(c)
+            out.ex[t0:t1] = c_ex
             continue
         kept = c if t1 - t0 == t else None  # one token chunk holds every token: pass B reuses its coefficients
-        live = torch.isfinite(c)
-        colmax = torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0))
-        colbad |= ~live.all(dim=0)
         m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], finite_all[t0:t1] = m0, total, a_y, finite
         if need_hidden and ew is not None:
-            ex = given_ex[t0:t1] if given_ex is not None else _exponents(c)
+            ex = given_ex[t0:t1] if given_ex is not None else c_ex
+            assert ex is not None
             hi = torch.zeros((t1 - t0, h), dtype=torch.int64, device=dev)
             lo = torch.zeros_like(hi)
             for v0 in range(0, v, vch):
@@ -282,22 +315,28 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         return out
 
     ec = _column_exponents(colmax, colbad)
-    eh = _exponents(hidden.T)
-    out.d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
+    eh = products.column_exponents(hidden)
     vb = max(1, min(v, work // (16 * h)))
+    if vb < v or v == 0:  # several blocks (one block's result is d_weight itself)
+        out.d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
     tb = max(1, min(max(t, 1), work // (32 * h), work // (_E_BYTES * vb)))
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
-        acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
-        if kept is not None:
-            acc += products.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+        if kept is not None:  # the one product of the block, finished as it is
+            acc = products.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+        else:
+            acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
         for t0 in range(0, t if kept is None else 0, tb):
             t1 = min(t0 + tb, t)
             _, _, z = next(products.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
-            c = _coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
-                              targets[t0:t1] - vocab_start - v0, finite_all[t0:t1])
+            c, _ = products.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
+                                         targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
             acc += products.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
-        out.d_weight[v0:v1] = products.finish(acc, ec[v0:v1], eh)
+        d_weight = products.finish(acc, ec[v0:v1], eh)
+        if out.d_weight is None:
+            out.d_weight = d_weight
+        else:
+            out.d_weight[v0:v1] = d_weight
     return out
 
 
@@ -365,7 +404,7 @@ def partial_with(products: Products, grad: torch.Tensor, hidden: torch.Tensor, w
     if exponents is None:
         out = _core(grad, hidden, weight_shard, targets, vocab_start, temperature, row_max, sum_int, None, None,
                     True, True, False, products)
-        return out.ex, _exponents(weight_shard.T)
+        return out.ex, products.column_exponents(weight_shard)
     if need_weight:
         _check_tokens(op, hidden.shape[0])
     ec, ew = exponents

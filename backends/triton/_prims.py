@@ -60,6 +60,20 @@ def _prim_grid_kernel(x_ptr, e_ptr, d_ptr, n, BLOCK: tl.constexpr):
     tl.store(d_ptr + 2 * n + offs, d2, mask=mask)
 
 
+@triton.jit
+def _prim_grid28_kernel(x_ptr, e_ptr, d_ptr, n, BLOCK: tl.constexpr):
+    """Digits of ``RNE(x * 2**(27 - e))`` for fp32 x: d[0..3] planes of int8."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    e = tl.load(e_ptr + offs, mask=mask, other=0)
+    d0, d1, d2, d3 = E.split4(E.grid_int_f32(x, e, 27))
+    tl.store(d_ptr + offs, d0, mask=mask)
+    tl.store(d_ptr + n + offs, d1, mask=mask)
+    tl.store(d_ptr + 2 * n + offs, d2, mask=mask)
+    tl.store(d_ptr + 3 * n + offs, d3, mask=mask)
+
+
 _BLOCK = 1024
 
 
@@ -88,6 +102,14 @@ def prim_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return d
 
 
+def prim_grid28(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """int8 [4, n]: the balanced digits of fp32 ``x`` [n] on the 28-bit grids ``e`` int32 [n]."""
+    d = torch.empty((4,) + tuple(x.shape), dtype=torch.int8, device=x.device)
+    n = x.numel()
+    _prim_grid28_kernel[(triton.cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return d
+
+
 #: static-check specs: (op, case, kernel, signature, constexprs)
 def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[str, object]]]:
     specs = []
@@ -101,5 +123,8 @@ def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[st
                    "FRAC": "constexpr", "BLOCK": "constexpr"}, {"FRAC": 40, "BLOCK": _BLOCK}))
     specs.append(("primitives", "grid_digits", _prim_grid_kernel,
                   {"x_ptr": "*bf16", "e_ptr": "*i32", "d_ptr": "*i8", "n": "i32", "BLOCK": "constexpr"},
+                  {"BLOCK": _BLOCK}))
+    specs.append(("primitives", "grid28_f32_digits", _prim_grid28_kernel,
+                  {"x_ptr": "*fp32", "e_ptr": "*i32", "d_ptr": "*i8", "n": "i32", "BLOCK": "constexpr"},
                   {"BLOCK": _BLOCK}))
     return specs

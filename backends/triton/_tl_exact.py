@@ -345,6 +345,26 @@ def grid_int_bits(x, e, BITS: tl.constexpr):
 
 
 @triton.jit
+def grid_int_f32(x, e, BITS: tl.constexpr):
+    """``RNE(x * 2**(BITS - e))`` as int32 for any fp32 ``x`` on its row grid (|x| < 2**e; non-finite
+    -> 0), BITS <= 27 (``token_logprobs_backward``'s fp32 coefficients on their 28-bit grids).
+
+    The two power-of-two steps as in :func:`grid_int_bits` (a value that underflows in the first
+    is below 2**-38 after the second and rounds to 0 either way). A 24-bit significand can leave
+    a fraction up to 2**23, so the rounding adds and subtracts ``2**23`` with the value's sign
+    (one RNE to an integer, an exact subtraction) below 2**23; at or above it the value is an
+    integer, converted exactly.
+    """
+    x = tl.where(is_finite(x), x, 0.0)
+    k = BITS - e
+    a = k >> 1
+    v = (x * pow2_f32(a)) * pow2_f32(k - a)
+    big = tl.where(v < 0, -8388608.0, 8388608.0)  # 2**23 with v's sign
+    r = (v + big) - big
+    return tl.where(abs_bits(v) < 0x4B000000, r, v).to(tl.int32)  # 0x4B000000: 2**23
+
+
+@triton.jit
 def split4(v):
     """int32 |v| <= 2**27 -> four balanced base-128 digits (d0..d2 in [-64, 63], d3 in [-64, 64]) as int8."""
     d0 = ((v + 64) & 127) - 64

@@ -1,29 +1,38 @@
-"""``token_logprobs_backward`` with its matrix products on the int8 Triton GEMM of ``linear``.
+"""``token_logprobs_backward`` on Triton: the generic passes, with their large steps as kernels.
 
-Contract ``token_logprobs_backward`` v1. The passes, the chunking and every elementwise step
-(softmax coefficients, the exact complement on the target, the two-word d_hidden sum, the one
-rounding of each output) are the device-generic implementation's
-(``backends/generic/token_logprobs_backward.py``); only its three kinds of matrix product run
-here instead of as fp32 digit GEMMs in torch:
+Contract ``token_logprobs_backward`` v1. The passes and the chunking are the device-generic
+implementation's (``backends/generic/token_logprobs_backward.py``: its ``Products`` hooks); every
+step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only O(T), O(V) and
+``T x H`` glue stays in torch:
 
 * the logits recomputed per token chunk: ``linear``'s fp32 epilogue (:func:`.linear.logits`,
   the same contract ``linear`` v2 product rounded once), then the same IEEE division by tau;
+* each chunk's row max and exact grid sum ``S``: ``token_logprobs``' per-token pass
+  (``_tlp_rows_kernel``, PHASE 3) over the stored rows;
+* the exponents of the columns of W and h (the rows of W.T and h.T that meet the coefficients):
+  ``_tlb_column_max_kernel``, row tiles read contiguously, a maximum per tile and column, then the
+  integer maximum over the tiles;
+* the coefficients ``c = RN32(s * a)`` (``_tlb_coefficients_kernel``), with the maxima of the
+  finite ``|c|`` per column (d_weight's grids) and per row (d_hidden's grids) and the non-finite
+  flags, one slot per tile, merged as integer maxima of the fp32 bits (no atomics: an integer
+  ``atomic_max`` is a compare-and-swap loop on gfx90a);
 * ``d_hidden``'s ``c @ W`` over vocabulary chunks and ``d_weight``'s ``c.T @ h``: the exact int64
   ``C`` of ``linear``'s GEMM kernel (:func:`.linear.partial_from_planes`). The fp32 coefficient
-  rows go on their 28-bit grids as four balanced base-128 digits made by the generic digit
-  helper (exact for 24-bit significands; ``linear``'s digit kernel rounds bf16/fp16 grids
-  only), cast to int8 (every digit lies in [-64, 64]); the other operand (W.T or h.T, bf16/fp16,
-  strided views) gets its three digits from ``linear``'s digit kernel on the given exponents;
+  rows go on their 28-bit grids as four balanced base-128 int8 digits (``_tlb_digits_kernel``:
+  ``linear``'s digit kernel rounds bf16/fp16 grids only, a 24-bit significand needs
+  :func:`._tl_exact.grid_int_f32`); the other operand (W.T or h.T, bf16/fp16, strided views) gets
+  its three digits from ``linear``'s digit kernel on the given exponents;
 * the one rounding of d_weight's exact sums, ``RN32(C 2**(ec + eh - 47))`` over ``V x H``
   elements: ``linear``'s finish kernel (:func:`.linear.linear_finish`; the grids are ``linear``'s,
-  28 + 21 bits, and so is the sentinel). In torch int64 operations it was ~80 % of the bytes the
-  generic elementwise passes moved at T = 128, V = 151 936, H = 1024 (235 of 302 GB counted by
-  ``tools/tlb_bytes.py``).
+  28 + 21 bits, and so is the sentinel).
 
-Every product is exact or rounded once by contract, so the bits are those of the generic
-backward (the conformance suite checks both against the golden hashes). The profile that asked
-for it (H200, a9c3e31): the generic backward of 128 tokens x 151 936 vocabulary took 581 ms of
-device time, fp32 FFMA GEMMs and their int64 combines.
+Every step is exact or rounded once as the contract says, so the bits are those of the generic
+backward (the conformance suite checks both against the golden hashes; the interpreter runs the
+kernels with small tiles and several token chunks). Why: on the H200 (profile at 34eee00, 1 layer,
+2 x 64 tokens) the torch steps of this backward were ~130 ms of int64 elementwise kernels per
+call. ``tools/tlb_bytes.py`` counts the bytes they move at T = 128, V = 151 936, H = 1024: 302 GB,
+of which d_weight's finish 235 GB, the coefficients and their maxima ~36 GB, the row sums ~23 GB,
+the coefficient digits ~11 GB and W's column exponents ~5 GB; with these kernels ~2 GB remain.
 """
 
 from __future__ import annotations
@@ -31,12 +40,115 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+import triton
+import triton.language as tl
 
 from rlkernel.backends.generic import token_logprobs_backward as _generic
-from rlkernel.backends.generic.linear import _digits_f32
 
+from . import _tl_exact as E
 from . import linear as L
+from ._common import LAUNCH, cdiv, f32_bits
 from .targets import TritonTarget
+from .token_logprobs import ROW_TILE, _tlp_rows_kernel
+
+#: (BLOCK_R, BLOCK_V, warps) of the coefficient kernel (16 token rows: one column-maxima slot each)
+COEF_TILE = (16, 256, 4)
+#: the same under the interpreter's small tiles (several programs per row and per column)
+COEF_SMALL_TILE = (4, 32, 1)
+#: (BLOCK_R, BLOCK_K) of the coefficient-digit kernel
+DIGIT_TILE = (32, 64)
+#: (BLOCK_R, BLOCK_C) of the column maxima of W / h (64 rows a slot: 2374 slots of H for Qwen3's vocabulary)
+COLUMN_TILE = (64, 128)
+
+
+@triton.jit
+def _tlb_coefficients_kernel(z_ptr, stride_z, c_ptr, m_ptr, total_ptr, ay_ptr, s_ptr, y_ptr, finite_ptr,
+                             colmax_ptr, colbad_ptr, rowmax_ptr, rowbad_ptr, R, V,
+                             COLUMNS: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_V: tl.constexpr):
+    """A BLOCK_R x BLOCK_V tile of the coefficients of logits rows z (fp32, row stride ``stride_z``):
+    ``c = RN32(s * a)``, ``a = -RN32(exp_c(z - m0) / L)`` off the row's target column ``y`` (local:
+    outside [0, V) when it lies elsewhere) and ``a_y`` on it, NaN on rows whose max is not finite;
+    stored to c [R, V] (contiguous).
+
+    COLUMNS: the tile's max finite ``|c|`` per column (int32 bits: their integer order is the fp32
+    order) and whether the column holds a non-finite c, stored to this row tile's slots
+    ``[pid_r, V]``; ROWS: the same per row to this column tile's slots ``[pid_v, R]``. The host
+    takes the integer maxima over the slots (no atomics: an integer ``atomic_max`` is a
+    compare-and-swap loop on gfx90a).
+    """
+    pid_r = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    rv = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    r_ok = rr < R
+    v_ok = rv < V
+    mask = r_ok[:, None] & v_ok[None, :]
+    z = tl.load(z_ptr + rr[:, None].to(tl.int64) * stride_z + rv[None, :], mask=mask, other=0.0)
+    m0 = tl.load(m_ptr + rr, mask=r_ok, other=0.0)
+    total = tl.load(total_ptr + rr, mask=r_ok, other=1.0)
+    a_y = tl.load(ay_ptr + rr, mask=r_ok, other=0.0)
+    s = tl.load(s_ptr + rr, mask=r_ok, other=0.0)
+    y = tl.load(y_ptr + rr, mask=r_ok, other=-1)
+    finite = tl.load(finite_ptr + rr, mask=r_ok, other=0) != 0
+    q = tl.math.div_rn(E.exp_c(z - m0[:, None]), total[:, None])
+    a = E.f32_from_bits(E.f32_bits(q) ^ -2147483648)  # -q by its sign bit (a negation may compile to 0 - q)
+    a = tl.where(rv[None, :] == y[:, None], a_y[:, None], a)
+    c = s[:, None] * a
+    c = tl.where(finite[:, None], c, E.canonical_nan_f32(c))
+    tl.store(c_ptr + rr[:, None].to(tl.int64) * V + rv[None, :], c, mask=mask)
+    live = E.is_finite(c)
+    mag = tl.where(mask & live, E.abs_bits(c), 0)
+    bad = (mask & ~live).to(tl.int32)
+    if COLUMNS:
+        col_slots = pid_r.to(tl.int64) * V + rv
+        tl.store(colmax_ptr + col_slots, tl.max(mag, axis=0), mask=v_ok)
+        tl.store(colbad_ptr + col_slots, tl.max(bad, axis=0), mask=v_ok)
+    if ROWS:
+        row_slots = pid_v.to(tl.int64) * R + rr
+        tl.store(rowmax_ptr + row_slots, tl.max(mag, axis=1), mask=r_ok)
+        tl.store(rowbad_ptr + row_slots, tl.max(bad, axis=1), mask=r_ok)
+
+
+@triton.jit
+def _tlb_digits_kernel(c_ptr, stride_r, stride_k, e_ptr, d_ptr, R, K,
+                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The four balanced base-128 int8 digit planes [4, R, K] (contiguous) of fp32 rows c [R, K]
+    (any strides: a block of coefficient rows, or its transpose) on their 28-bit grids ``e`` [R]
+    (SENTINEL rows give zeros)."""
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    r_ok = rr < R
+    mask = r_ok[:, None] & (rk < K)[None, :]
+    x = tl.load(c_ptr + rr[:, None].to(tl.int64) * stride_r + rk[None, :].to(tl.int64) * stride_k, mask=mask,
+                other=0.0)
+    e = tl.load(e_ptr + rr, mask=r_ok, other=0).to(tl.int32)
+    live = e != 1048576
+    g = tl.where(live[:, None], E.grid_int_f32(x, tl.where(live, e, 0)[:, None], 27), 0)
+    d0, d1, d2, d3 = E.split4(g)
+    out = d_ptr + rr[:, None].to(tl.int64) * K + rk[None, :]
+    plane = R.to(tl.int64) * K
+    tl.store(out, d0, mask=mask)
+    tl.store(out + plane, d1, mask=mask)
+    tl.store(out + 2 * plane, d2, mask=mask)
+    tl.store(out + 3 * plane, d3, mask=mask)
+
+
+@triton.jit
+def _tlb_column_max_kernel(t_ptr, R, C, colmax_ptr, colbad_ptr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per column of a row tile of t [R, C] (bf16/fp16/fp32, contiguous): the max finite ``|t|`` (int32
+    bits) and whether it holds NaN/inf, stored to the tile's slots ``[pid_r, C]`` (the host takes the
+    integer maxima over the row tiles)."""
+    pid_r = tl.program_id(0)
+    rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = rc < C
+    mask = (rr < R)[:, None] & c_ok[None, :]
+    x = E.upcast(tl.load(t_ptr + rr[:, None].to(tl.int64) * C + rc[None, :], mask=mask, other=0.0))
+    live = E.is_finite(x)
+    slots = pid_r.to(tl.int64) * C + rc
+    tl.store(colmax_ptr + slots, tl.max(tl.where(mask & live, E.abs_bits(x), 0), axis=0), mask=c_ok)
+    tl.store(colbad_ptr + slots, tl.max((mask & ~live).to(tl.int32), axis=0), mask=c_ok)
 
 
 class TritonProducts(_generic.Products):
@@ -56,12 +168,78 @@ class TritonProducts(_generic.Products):
     def exact(self, x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0 or w.shape[0] == 0 or x.shape[1] == 0:
             return torch.zeros((x.shape[0], w.shape[0]), dtype=torch.int64, device=x.device)
-        planes = _digits_f32(x, ex, _generic.C_BITS, _generic.C_DIGITS).to(torch.int8)
-        return L.partial_from_planes(planes, ex, w, ew, target=self.target)
+        return L.partial_from_planes(coefficient_digits(x, ex), ex, w, ew, target=self.target)
+
+    def row_stats(self, z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # token_logprobs' per-token pass (PHASE 3) over the stored rows, at temperature 1: z / 1 == z
+        r, v = z.shape
+        m = torch.empty(r, dtype=torch.float32, device=z.device)
+        s_int = torch.empty(r, dtype=torch.int64, device=z.device)
+        if r == 0:
+            return m, s_int
+        flags = torch.empty(r, dtype=torch.int32, device=z.device)  # target logit bits, above-max flags: unused
+        zeros = torch.zeros(r, dtype=torch.int64, device=z.device)  # target column 0 (its logit is unused)
+        block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
+        _tlp_rows_kernel[(r,)](z, z.stride(0), zeros, m, flags, flags, s_int, flags, flags, 0, v, 0, f32_bits(1.0),
+                               PHASE=3, BLOCK=block, num_warps=warps, **LAUNCH)
+        return m, s_int
+
+    def coefficients(self, z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor,
+                     s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor, vs: int,
+                     columns: tuple[torch.Tensor, torch.Tensor] | None,
+                     row_exponents: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r, v = z.shape
+        dev = z.device
+        c = torch.empty((r, v), dtype=torch.float32, device=dev)
+        if r == 0 or v == 0:
+            return c, _generic._exponents(c) if row_exponents else None
+        br, bv, warps = COEF_SMALL_TILE if L.SMALL_TILES else COEF_TILE
+        grid = (cdiv(r, br), cdiv(v, bv))
+        i32 = torch.int32
+        colmax = torch.empty((grid[0], v) if columns is not None else (1,), dtype=i32, device=dev)
+        colbad = torch.empty_like(colmax)
+        rowmax = torch.empty((grid[1], r) if row_exponents else (1,), dtype=i32, device=dev)
+        rowbad = torch.empty_like(rowmax)
+        _tlb_coefficients_kernel[grid](
+            z, z.stride(0), c, m0.contiguous(), total.contiguous(), a_y.contiguous(), s.contiguous(),
+            local_y.contiguous(), finite.to(i32), colmax, colbad, rowmax, rowbad, r, v,
+            COLUMNS=columns is not None, ROWS=row_exponents, BLOCK_R=br, BLOCK_V=bv, num_warps=warps, **LAUNCH)
+        if columns is not None:  # fp32 >= 0: the integer maximum of the bits is the fp32 maximum
+            running = columns[0].view(i32)
+            torch.maximum(running, colmax.amax(dim=0), out=running)
+            columns[1].logical_or_(colbad.amax(dim=0) != 0)
+        if not row_exponents:
+            return c, None
+        return c, _generic._column_exponents(rowmax.amax(dim=0).view(torch.float32), rowbad.amax(dim=0) != 0)
+
+    def column_exponents(self, t: torch.Tensor) -> torch.Tensor:
+        r, c = t.shape
+        if r == 0 or c == 0:
+            return _generic._exponents(t.T)  # ZERO_EXP for every column (none when C = 0)
+        t = t.contiguous()
+        br, bc = COLUMN_TILE
+        colmax = torch.empty((cdiv(r, br), c), dtype=torch.int32, device=t.device)
+        colbad = torch.empty_like(colmax)
+        _tlb_column_max_kernel[(cdiv(r, br), cdiv(c, bc))](t, r, c, colmax, colbad, BLOCK_R=br, BLOCK_C=bc,
+                                                           num_warps=4, **LAUNCH)
+        return _generic._column_exponents(colmax.amax(dim=0).view(torch.float32), colbad.amax(dim=0) != 0)
 
     def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         # C_BITS + O_BITS == X_BITS + W_BITS (47) and the same sentinel: linear_finish's kernel is this rounding
         return L.linear_finish(acc, ex, ew, None, torch.float32)
+
+
+def coefficient_digits(x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
+    """int8 [4, R, K]: balanced base-128 digits (each in [-64, 64]) of fp32 x [R, K] (any strides) on the
+    28-bit row grids ``ex`` int64 [R] (``_generic.C_BITS``), zeros on SENTINEL rows: one exact split of
+    the grid integers that ``_digits_f32`` splits too (the digits may differ, the integers do not)."""
+    r, k = x.shape
+    planes = torch.empty((_generic.C_DIGITS, r, k), dtype=torch.int8, device=x.device)
+    if r and k:
+        br, bk = DIGIT_TILE
+        _tlb_digits_kernel[(cdiv(r, br), cdiv(k, bk))](x, x.stride(0), x.stride(1), ex.contiguous(), planes, r, k,
+                                                       BLOCK_R=br, BLOCK_K=bk, num_warps=4, **LAUNCH)
+    return planes
 
 
 def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -103,4 +281,18 @@ def static_specs(target: TritonTarget):
         L.gemm_spec("token_logprobs_backward", "prefill_split_k_int64_atomic", "*i8", "*i64", prefill,
                     w_digits=True, finish=False, atomic=True),
         L.finish_spec("token_logprobs_backward", "d_weight_finish_fp32_out", "*fp32", bias=False, out=0),
-    ]
+        ("token_logprobs_backward", "column_maxima_bf16", _tlb_column_max_kernel,
+         {"t_ptr": "*bf16", "R": "i32", "C": "i32", "colmax_ptr": "*i32", "colbad_ptr": "*i32",
+          "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"}, {"BLOCK_R": COLUMN_TILE[0], "BLOCK_C": COLUMN_TILE[1]}),
+        ("token_logprobs_backward", "coefficient_digits", _tlb_digits_kernel,
+         {"c_ptr": "*fp32", "stride_r": "i64", "stride_k": "i64", "e_ptr": "*i64", "d_ptr": "*i8", "R": "i32",
+          "K": "i32", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"},
+         {"BLOCK_R": DIGIT_TILE[0], "BLOCK_K": DIGIT_TILE[1]}),
+    ] + [("token_logprobs_backward", f"coefficients{'_columns' if cols else ''}{'_rows' if rows else ''}",
+          _tlb_coefficients_kernel,
+          {"z_ptr": "*fp32", "stride_z": "i64", "c_ptr": "*fp32", "m_ptr": "*fp32", "total_ptr": "*fp32",
+           "ay_ptr": "*fp32", "s_ptr": "*fp32", "y_ptr": "*i64", "finite_ptr": "*i32", "colmax_ptr": "*i32",
+           "colbad_ptr": "*i32", "rowmax_ptr": "*i32", "rowbad_ptr": "*i32", "R": "i32", "V": "i32",
+           "COLUMNS": "constexpr", "ROWS": "constexpr", "BLOCK_R": "constexpr", "BLOCK_V": "constexpr"},
+          {"COLUMNS": cols, "ROWS": rows, "BLOCK_R": COEF_TILE[0], "BLOCK_V": COEF_TILE[1]},
+          {"num_warps": COEF_TILE[2]}) for cols in (True, False) for rows in (True, False)]
