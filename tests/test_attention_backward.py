@@ -28,6 +28,23 @@ def test_generic_equals_reference_bits(name: str) -> None:
     assert diff is None, f"{name}: {diff}"
 
 
+@pytest.mark.parametrize("name", ["chunked_h4_2_d64_bf16", "noncausal_h4_2_d64_bf16", "decode_rows_h4_1_d32_fp16"])
+def test_batching_of_sequences_changes_no_bit(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generic backward pads sequences of different lengths into one batch; budgets that give one
+    sequence a batch, or one KV head a batch, give the same bits (and the reference's)."""
+    import rlkernel.backends.generic.attention_backward as module
+
+    inputs = CASES[name].make()
+    batched = generic(**inputs)
+    for budget in (1, 1000):  # 1: every sequence alone, one KV head at a time; 1000: a few small ones together
+        monkeypatch.setattr(module, "BLOCK_ELEMENTS", budget)
+        diff = first_difference(list(batched), list(generic(**inputs)))
+        assert diff is None, f"{name}, budget {budget}: {diff}"
+    assert first_difference(list(contract.reference(**inputs)), list(batched)) is None
+    assert module._batches([(0, 5, 0, 20), (5, 17, 20, 50), (17, 18, 50, 53)], 4, 1000) == [
+        [(17, 18, 50, 53), (0, 5, 0, 20)], [(5, 17, 20, 50)]]
+
+
 def _leaves(inputs: dict[str, Any]) -> list[torch.Tensor]:
     return [inputs[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v")]
 

@@ -1,8 +1,10 @@
 """Device-generic exact ``attention_backward`` (contract ``attention_backward`` v1).
 
 Independent of the contract reference. Per sequence and KV head the [G, lq, lk] block of the
-G query heads is materialised (O(lq * lk) memory per KV head; the KV heads of a sequence are
-batched while their blocks hold at most ``BLOCK_ELEMENTS`` elements):
+G query heads is materialised (O(lq * lk) memory per KV head). The KV heads of a sequence, and
+sequences sorted by length and zero-padded to the longest of their batch, run as one batch while
+its blocks hold at most ``BLOCK_ELEMENTS`` elements (times ``budget_scale`` on an accelerator), so
+the number of torch operations grows with the batches, not with the sequences:
 
 * the forward's scores are recomputed with the forward kernel's own digit GEMM helpers, and its
   probabilities as the forward builds them (row max, reference max, ``exp_c``, the integers ``P``
@@ -26,6 +28,7 @@ import math
 
 import torch
 
+from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.digits import K_CHUNK, digit_planes, grid_rows, row_exponents, split_digits
 from rlkernel.backends.generic._exact.fixed import to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
@@ -54,8 +57,9 @@ X_DIGITS, W_DIGITS = 4, 3
 MAX_REDUCTION = (1 << 16) - 1
 #: Limb split of C when the scale's significand multiplies it: |C_hi * M|, |C_lo * M| < 2**56.
 SCALE_SPLIT = 32
-#: KV heads of a sequence run together while their [H, G, lq, lk] block holds at most this many
-#: elements (the temporaries are a few int64 / fp32 copies of it and of the digit planes)
+#: sequences (padded to the longest of their batch) and KV heads run together while their
+#: [n, H, G, LQ, LK] block holds at most this many elements, times ``budget_scale`` on an accelerator
+#: (the temporaries are a few int64 / fp32 copies of it and of the digit planes)
 BLOCK_ELEMENTS = 1 << 22
 
 
@@ -196,47 +200,103 @@ def _probabilities(s: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> t
     return _normalise(torch.where(torch.isnan(p), 0.0, p), den.unsqueeze(-1)), bad
 
 
-def _kv_heads(g0: int, g1: int, q0: int, q1: int, k0: int, k1: int, group: int, allowed: torch.Tensor,
+def _padded(t: torch.Tensor, spans: list[tuple[int, int]], length: int, cols: slice) -> torch.Tensor:
+    """``[n, length, len(cols), ...]``: the token rows ``a:b`` of each span (columns ``cols``) zero-padded
+    to ``length`` (a view when there is one span of that length)."""
+    if len(spans) == 1 and spans[0][1] - spans[0][0] == length:
+        return t[spans[0][0]:spans[0][1], cols].unsqueeze(0)
+    part = t[:0, cols]
+    out = torch.zeros((len(spans), length) + tuple(part.shape[1:]), dtype=t.dtype, device=t.device)
+    for i, (a, b) in enumerate(spans):
+        out[i, :b - a] = t[a:b, cols]
+    return out
+
+
+def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: int, causal: bool,
               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
               eq: torch.Tensor, ek: torch.Tensor, edo: torch.Tensor, eo: torch.Tensor, ev: torch.Tensor,
               scale_t: torch.Tensor, parts: tuple[int, int], dq: torch.Tensor, dk: torch.Tensor,
               dv: torch.Tensor) -> None:
-    """The gradients of one sequence (queries ``q0:q1``, keys ``k0:k1``) for KV heads ``g0:g1`` at once,
-    written into dq, dk, dv: every step is per (KV head, query head, row) or an exact sum, so the heads
-    of a batch are independent (the same bits as one head at a time, in H times fewer operations)."""
+    """The gradients of the sequences ``seqs`` (``(q0, q1, k0, k1)`` each, every one with keys) for KV
+    heads ``g0:g1``, written into dq, dk, dv.
+
+    The sequences run as one batch of ``n * H`` KV heads, each zero-padded to the longest query and
+    key counts ``LQ``, ``LK`` of the batch: a padded query row sees no key, a padded key is seen by
+    no query, and their q / k / v / dO / out rows are zero. Every step is per (KV head, query head,
+    row), or an exact sum in which a padded row adds zero (its ``dS`` and ``pn`` are masked to 0, its
+    inputs are zero), so each sequence's bits are those of a batch of its own (and of one head at a
+    time): the batch only divides the number of torch operations by the number of sequences.
+    """
     dtype = q.dtype
-    h, d = g1 - g0, q.shape[-1]
-    lq, lk = q1 - q0, k1 - k0
-    heads = slice(g0 * group, g1 * group)
-    kk = k[k0:k1, g0:g1].transpose(0, 1)  # [H, lk, D]
-    vv = v[k0:k1, g0:g1].transpose(0, 1)
-    qg = q[q0:q1, heads].transpose(0, 1).reshape(h, group, lq, d)  # [H, G, lq, D]
-    do = grad_out[q0:q1, heads].transpose(0, 1).reshape(h, group * lq, d)
-    o = out[q0:q1, heads].transpose(0, 1).reshape(h, group * lq, d)
-    e_do = edo[q0:q1, heads].T.reshape(h, group * lq)
-    e_o = eo[q0:q1, heads].T.reshape(h, group * lq)
-    row_bad = _bad_inputs(do, o).view(h, group, lq)
-    if lk == 0:  # non-causal with no keys: the forward's rows are NaN
-        dq[q0:q1, heads] = float("nan")
-        return
-    s_g = _scores(qg, kk, eq[q0:q1, heads].T.reshape(h, group, lq), ek[k0:k1, g0:g1].T, scale_t)
+    n, h, d = len(seqs), g1 - g0, q.shape[-1]
+    lqs = [q1 - q0 for q0, q1, _, _ in seqs]
+    lks = [k1 - k0 for _, _, k0, k1 in seqs]
+    big_q, big_k = max(lqs), max(lks)
+    qspans = [(q0, q1) for q0, q1, _, _ in seqs]
+    kspans = [(k0, k1) for _, _, k0, k1 in seqs]
+    heads, kv = slice(g0 * group, g1 * group), slice(g0, g1)
+
+    def rows_q(t: torch.Tensor) -> torch.Tensor:  # [Tq, Hq, D] -> [n * H, G, LQ, D]
+        return _padded(t, qspans, big_q, heads).permute(0, 2, 1, 3).reshape(n * h, group, big_q, d)
+
+    def rows_k(t: torch.Tensor) -> torch.Tensor:  # [Tk, Hkv, D] -> [n * H, LK, D]
+        return _padded(t, kspans, big_k, kv).permute(0, 2, 1, 3).reshape(n * h, big_k, d)
+
+    def exps_q(e: torch.Tensor) -> torch.Tensor:  # [Tq, Hq] -> [n * H, G, LQ]
+        return _padded(e, qspans, big_q, heads).permute(0, 2, 1).reshape(n * h, group, big_q)
+
+    def exps_k(e: torch.Tensor) -> torch.Tensor:  # [Tk, Hkv] -> [n * H, LK]
+        return _padded(e, kspans, big_k, kv).permute(0, 2, 1).reshape(n * h, big_k)
+
+    allowed = torch.zeros((n, big_q, big_k), dtype=torch.bool, device=q.device)
+    for i, (lq, lk) in enumerate(zip(lqs, lks)):
+        allowed[i, :lq, :lk] = _causal_allowed(lq, lk, causal, q.device)
+    allowed = allowed.unsqueeze(1).expand(n, h, big_q, big_k).reshape(n * h, 1, big_q, big_k)
+    kk, vv, qg = rows_k(k), rows_k(v), rows_q(q)  # [n H, LK, D], [n H, LK, D], [n H, G, LQ, D]
+    do = rows_q(grad_out).reshape(n * h, group * big_q, d)
+    o = rows_q(out).reshape(n * h, group * big_q, d)
+    e_do = exps_q(edo).reshape(n * h, group * big_q)
+    e_o = exps_q(eo).reshape(n * h, group * big_q)
+    row_bad = _bad_inputs(do, o).view(n * h, group, big_q)
+    s_g = _scores(qg, kk, exps_q(eq), exps_k(ek), scale_t)
     pn, bad = _probabilities(s_g, allowed, vv)
     bad = bad | row_bad
     # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
-    e_v = ev[k0:k1, g0:g1].T  # [H, lk]
+    e_v = exps_k(ev)  # [n H, LK]
     dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
-                  e_do.unsqueeze(-1) + e_v.unsqueeze(-2) - DO_BITS - OV_BITS).view(h, group, lq, lk)
+                  e_do.unsqueeze(-1) + e_v.unsqueeze(-2) - DO_BITS - OV_BITS).view(n * h, group, big_q, big_k)
     c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
-    delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(h, group, lq, 1)
+    delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(n * h, group, big_q, 1)
     ds = _ds(pn, dp, delta)
     keep = allowed & ~bad.unsqueeze(-1)
     dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
     pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
-    gq = _grad_product(dsr.reshape(h, group * lq, lk), kk.transpose(1, 2), dtype, parts).view(h, group, lq, d)
-    gq = torch.where(bad.unsqueeze(-1), float("nan"), gq)
-    dq[q0:q1, heads] = cast_out(gq, dtype).reshape(h * group, lq, d).transpose(0, 1)
-    dk[k0:k1, g0:g1] = cast_out(_kv_product(dsr, qg, dtype, parts), dtype).transpose(0, 1)
-    dv[k0:k1, g0:g1] = cast_out(_kv_product(pr, do.view(h, group, lq, d), dtype), dtype).transpose(0, 1)
+    gq = _grad_product(dsr.reshape(n * h, group * big_q, big_k), kk.transpose(1, 2), dtype, parts)
+    gq = torch.where(bad.view(n * h, group * big_q).unsqueeze(-1), float("nan"), gq)
+    gq = cast_out(gq, dtype).view(n, h * group, big_q, d)
+    gk = cast_out(_kv_product(dsr, qg, dtype, parts), dtype).view(n, h, big_k, d)
+    gv = cast_out(_kv_product(pr, do.view(n * h, group, big_q, d), dtype), dtype).view(n, h, big_k, d)
+    for i, (q0, q1, k0, k1) in enumerate(seqs):
+        dq[q0:q1, heads] = gq[i, :, :q1 - q0].transpose(0, 1)
+        dk[k0:k1, kv] = gk[i, :, :k1 - k0].transpose(0, 1)
+        dv[k0:k1, kv] = gv[i, :, :k1 - k0].transpose(0, 1)
+
+
+def _batches(seqs: list[tuple[int, int, int, int]], per_seq: int,
+             budget: int) -> list[list[tuple[int, int, int, int]]]:
+    """The sequences in batches whose padded ``[n, LQ, LK]`` blocks times ``per_seq`` (heads) hold at most
+    ``budget`` elements: sorted by length so that neighbours pad little (the order changes no bit)."""
+    batches: list[list[tuple[int, int, int, int]]] = []
+    big_q = big_k = 0
+    for seq in sorted(seqs, key=lambda s: (s[3] - s[2], s[1] - s[0])):
+        lq, lk = seq[1] - seq[0], seq[3] - seq[2]
+        if batches and (len(batches[-1]) + 1) * per_seq * max(big_q, lq) * max(big_k, lk) <= budget:
+            batches[-1].append(seq)
+            big_q, big_k = max(big_q, lq), max(big_k, lk)
+        else:
+            batches.append([seq])
+            big_q, big_k = lq, lk
+    return batches
 
 
 def _host_list(t: torch.Tensor) -> list[int]:
@@ -276,6 +336,8 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     # row exponents of every (token, head) row, once for the pack: each depends on its own row only
     eq, ek = row_exponents(q), row_exponents(k)  # [Tq, Hq], [Tk, Hkv]
     edo, eo, ev = row_exponents(grad_out), row_exponents(out), row_exponents(v)
+    budget = BLOCK_ELEMENTS * budget_scale(dev)
+    seqs = []
     for b in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         lq, lk = q1 - q0, k1 - k0
@@ -286,10 +348,18 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                              f"exceeds the exact-sum bound {MAX_REDUCTION} of a gradient product")
         if causal and lk < lq:
             raise ValueError(f"attention_backward: causal sequence {b} has {lq} queries but {lk} keys; need lk >= lq")
-        allowed = _causal_allowed(lq, lk, causal, dev)
-        per_batch = max(1, BLOCK_ELEMENTS // max(1, group * lq * max(lk, 1)))
+        if lk == 0:  # non-causal with no keys: the forward's rows are NaN
+            dq[q0:q1] = float("nan")
+        else:
+            seqs.append((q0, q1, k0, k1))
+    alone = [s for s in seqs if hkv * group * (s[1] - s[0]) * (s[3] - s[2]) > budget]
+    together = [s for s in seqs if s not in set(alone)]
+    for seq in alone:  # too large with all its KV heads: its heads in batches
+        per_batch = max(1, budget // (group * (seq[1] - seq[0]) * (seq[3] - seq[2])))
         for g0 in range(0, hkv, per_batch):
-            g1 = min(hkv, g0 + per_batch)
-            _kv_heads(g0, g1, q0, q1, k0, k1, group, allowed, q, k, v, grad_out, out, eq, ek, edo, eo, ev, scale_t,
-                      parts, dq, dk, dv)
+            _kv_heads([seq], g0, min(hkv, g0 + per_batch), group, causal, q, k, v, grad_out, out, eq, ek, edo, eo,
+                      ev, scale_t, parts, dq, dk, dv)
+    for batch in _batches(together, hkv * group, budget):
+        _kv_heads(batch, 0, hkv, group, causal, q, k, v, grad_out, out, eq, ek, edo, eo, ev, scale_t, parts, dq, dk,
+                  dv)
     return cast_out(dq, dtype), dk, dv
