@@ -3,8 +3,9 @@
 Independent of the contract reference. Per sequence and KV head the [G, lq, lk] block of the
 G query heads is materialised (O(lq * lk) memory per KV head). The KV heads of a sequence, and
 sequences sorted by length and zero-padded to the longest of their batch, run as one batch while
-its blocks hold at most ``BLOCK_ELEMENTS`` elements (times ``budget_scale`` on an accelerator), so
-the number of torch operations grows with the batches, not with the sequences:
+its blocks hold at most ``BLOCK_ELEMENTS`` elements (times ``budget_scale`` on an accelerator) and
+at most ``PAD_WASTE`` times their own, so the number of torch operations grows with the batches,
+not with the sequences:
 
 * the forward's scores are recomputed with the forward kernel's own digit GEMM helpers, and its
   probabilities as the forward builds them (row max, reference max, ``exp_c``, the integers ``P``
@@ -61,6 +62,8 @@ SCALE_SPLIT = 32
 #: [n, H, G, LQ, LK] block holds at most this many elements, times ``budget_scale`` on an accelerator
 #: (the temporaries are a few int64 / fp32 copies of it and of the digit planes)
 BLOCK_ELEMENTS = 1 << 22
+#: a batch's padded blocks hold at most this many times the elements of its sequences' own blocks
+PAD_WASTE = 2
 
 
 def _scale_parts(scale: float) -> tuple[int, int]:
@@ -285,17 +288,20 @@ def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: in
 def _batches(seqs: list[tuple[int, int, int, int]], per_seq: int,
              budget: int) -> list[list[tuple[int, int, int, int]]]:
     """The sequences in batches whose padded ``[n, LQ, LK]`` blocks times ``per_seq`` (heads) hold at most
-    ``budget`` elements: sorted by length so that neighbours pad little (the order changes no bit)."""
+    ``budget`` elements and at most :data:`PAD_WASTE` times the elements of their sequences' own
+    blocks; sorted by length so that neighbours pad little (neither the order nor the batches change
+    a bit)."""
     batches: list[list[tuple[int, int, int, int]]] = []
-    big_q = big_k = 0
+    big_q = big_k = own = 0
     for seq in sorted(seqs, key=lambda s: (s[3] - s[2], s[1] - s[0])):
         lq, lk = seq[1] - seq[0], seq[3] - seq[2]
-        if batches and (len(batches[-1]) + 1) * per_seq * max(big_q, lq) * max(big_k, lk) <= budget:
+        padded = (len(batches[-1]) + 1) * max(big_q, lq) * max(big_k, lk) if batches else 0
+        if batches and padded * per_seq <= budget and padded <= PAD_WASTE * (own + lq * lk):
             batches[-1].append(seq)
-            big_q, big_k = max(big_q, lq), max(big_k, lk)
+            big_q, big_k, own = max(big_q, lq), max(big_k, lk), own + lq * lk
         else:
             batches.append([seq])
-            big_q, big_k = lq, lk
+            big_q, big_k, own = lq, lk, lq * lk
     return batches
 
 

@@ -1,0 +1,63 @@
+"""How many torch operations the generic ``attention_backward`` launches for one pack, on this machine.
+
+The cuda backend runs ``attention_backward`` as the generic torch code (``cuda:torch_exact``), so on
+the GPU its time is mostly the host's: ~10 us of dispatch and launch per torch operation (the H200
+trainer profile at 34eee00: 170 ms of host time a layer for 2 x 64 tokens, 6 ms of kernels). This
+script runs the generic backward on the CPU for a pack of equal or mixed sequences and counts the
+torch operations it dispatches (views and allocations included: each costs host time), with the
+batching budget of a 141 GB device (``budget_scale`` 16).
+
+Usage: ``python tools/attention_backward_ops.py --lens 256,256,256,256`` (Qwen3-0.6B's heads:
+16 query heads, 8 KV heads, head dim 128).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import rlkernel.backends.generic.attention_backward as AB
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lens", default="256,256,256,256", help="query (= key) count of each sequence, causal")
+    parser.add_argument("--hq", type=int, default=16)
+    parser.add_argument("--hkv", type=int, default=8)
+    parser.add_argument("--d", type=int, default=128)
+    args = parser.parse_args()
+    if hasattr(AB, "budget_scale"):
+        AB.budget_scale = lambda device: 16  # type: ignore[attr-defined]
+    lens = [int(x) for x in args.lens.split(",")]
+    t = sum(lens)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    q, k, v = rand(t, args.hq, args.d), rand(t, args.hkv, args.d), rand(t, args.hkv, args.d)
+    out, grad = rand(t, args.hq, args.d), rand(t, args.hq, args.d)
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    count = _Count()
+    start = time.time()
+    with count:
+        AB.attention_backward(grad, q, k, v, out, cu, cu)
+    print(f"attention_backward, sequences {lens}, {args.hq}/{args.hkv} heads, d {args.d}: {count.ops} torch "
+          f"operations ({count.ops / len(lens):.0f} a sequence; {time.time() - start:.1f} s on this CPU)")
+
+
+if __name__ == "__main__":
+    main()
