@@ -205,3 +205,15 @@ def test_sqrt_rn_generic_is_ieee():
     # the sign of zero survives
     zeros = gen_fp32.sqrt_rn(torch.tensor([0.0, -0.0]))
     assert bits32(zeros).tolist() == [0, -(1 << 31)]
+
+
+def test_generic_bit_length_equals_python() -> None:
+    """``bit_length`` reads an fp32 conversion's exponent: every power of two and its neighbours (where
+    the conversion rounds up to the next power), and random int64 magnitudes of every length."""
+    g = torch.Generator().manual_seed(7)
+    values = [0] + [v for k in range(64) for v in ((1 << k) - 1, 1 << k, (1 << k) + 1) if 0 <= v < 1 << 63]
+    values += [(1 << 63) - 1, (1 << 24) - 1 << 39, ((1 << 24) + 1) << 30]
+    rand = torch.randint(0, 1 << 62, (50000,), generator=g) >> torch.randint(0, 63, (50000,), generator=g)
+    a = torch.cat([torch.tensor(values, dtype=torch.int64), rand])
+    expected = torch.tensor([int(x).bit_length() for x in a.tolist()])
+    assert torch.equal(gen_fp32.bit_length(a), expected)
