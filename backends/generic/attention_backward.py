@@ -83,8 +83,11 @@ def _causal_allowed(lq: int, lk: int, causal: bool, device: torch.device) -> tor
     return j <= lk - lq + i
 
 
-def _round_once(c: torch.Tensor, k: torch.Tensor, dtype: torch.dtype, scale: tuple[int, int] | None) -> torch.Tensor:
-    """``RN_dtype((M *) c * 2**k)`` in one rounding; with the scale: ``c = hi 2**32 + lo`` times M, two limbs."""
+def _round_once(c: torch.Tensor, k: torch.Tensor, dtype: torch.dtype,
+                scale: tuple[int | torch.Tensor, int | torch.Tensor] | None) -> torch.Tensor:
+    """``RN_dtype((M *) c * 2**k)`` in one rounding; with the scale: ``c = hi 2**32 + lo`` times M, two limbs
+    (``M``, ``ks`` ints, or int64 tensors broadcasting against c: a scale per head; M = 1, ks = 0 is
+    the unscaled rounding, the same value rounded once)."""
     if scale is None:
         return int64_to_float(c, k, dtype)
     m, ks = scale
@@ -120,7 +123,7 @@ def _exact_product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch
 
 
 def _grad_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
-                  scale: tuple[int, int] | None = None) -> torch.Tensor:
+                  scale: tuple[int | torch.Tensor, int | torch.Tensor] | None = None) -> torch.Tensor:
     """``RN_dtype(scale * x @ w.T)`` per head: x [H, M, K] on 28-bit row grids, w [H, N, K] on 21-bit
     row grids -> [H, M, N].
 
@@ -134,7 +137,7 @@ def _grad_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
 
 
 def _kv_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype,
-                scale: tuple[int, int] | None = None) -> torch.Tensor:
+                scale: tuple[int | torch.Tensor, int | torch.Tensor] | None = None) -> torch.Tensor:
     """dK or dV of KV heads: x [H, G, lq, lk] (dS or pn), w [H, G, lq, D] (Q or dO): per KV head ONE
     exact sum over every (head, query) of its group, ``[H, lk, D]``."""
     h, g, lq, lk = x.shape
@@ -277,8 +280,11 @@ def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: in
     gq = _grad_product(dsr.reshape(n * h, group * big_q, big_k), kk.transpose(1, 2), dtype, parts)
     gq = torch.where(bad.view(n * h, group * big_q).unsqueeze(-1), float("nan"), gq)
     gq = cast_out(gq, dtype).view(n, h * group, big_q, d)
-    gk = cast_out(_kv_product(dsr, qg, dtype, parts), dtype).view(n, h, big_k, d)
-    gv = cast_out(_kv_product(pr, do.view(n * h, group, big_q, d), dtype), dtype).view(n, h, big_k, d)
+    # dK (scaled) and dV (unscaled: M = 1, ks = 0) as one batch of 2 n H KV heads: half the torch operations
+    per_head = torch.tensor([parts, (1, 0)], dtype=torch.int64, device=q.device).repeat_interleave(n * h, dim=0)
+    gkv = _kv_product(torch.cat([dsr, pr]), torch.cat([qg, do.view(n * h, group, big_q, d)]), dtype,
+                      (per_head[:, 0].view(-1, 1, 1), per_head[:, 1].view(-1, 1, 1)))
+    gk, gv = cast_out(gkv, dtype).view(2, n, h, big_k, d)
     for i, (q0, q1, k0, k1) in enumerate(seqs):
         dq[q0:q1, heads] = gq[i, :, :q1 - q0].transpose(0, 1)
         dk[k0:k1, kv] = gk[i, :, :k1 - k0].transpose(0, 1)
