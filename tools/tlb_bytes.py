@@ -45,7 +45,7 @@ class _NotCounted:
 STEPS = ("columns", "rows", "coefficients", "digits", "finish")
 
 
-class _Stand(G.Products):
+class _Stand(G.Steps):
     """The cuda backend's steps: those in ``torch_steps`` as the generic torch operations (counted),
     the others as stand-ins for its kernels (not counted): logits by an fp32 matmul, exact products
     as zeros, the rest by the generic code run uncounted."""

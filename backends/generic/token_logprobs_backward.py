@@ -109,15 +109,17 @@ def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tenso
     return int_product(_digits_f32(x, ex, C_BITS, C_DIGITS), _digits_f32(w, ew, O_BITS, O_DIGITS))
 
 
-class Products:
-    """The backward's matrix products: the logits of token rows against weight rows, the exact
-    int64 ``X @ W.T`` of coefficient rows (28-bit grids) against 21-bit-grid rows, and the one
-    rounding of d_weight's exact sums (``V x H`` elements: the largest elementwise pass).
+class Steps:
+    """The backward's steps over ``T x V`` or ``V x H`` elements, which a backend may run as kernels:
+    the matrix products (the logits of token rows against weight rows; the exact int64 ``X @ W.T``
+    of coefficient rows on 28-bit grids against 21-bit-grid rows), the row max and exact sum of a
+    logits chunk, the coefficients with their row and column maxima, the column exponents of W and
+    h, and the one rounding of d_weight's exact sums.
 
-    This class is the device-generic way (digit GEMMs in torch, float64 grids on the CPU);
-    a backend with faster exact GEMMs passes a subclass (``backends/triton/token_logprobs_backward.py``:
-    int8 Triton kernels). Both products are exact or rounded once by contract ``linear`` v2, so
-    the subclass cannot change a bit; the conformance suite checks that it does not.
+    This class is the device-generic way (torch operations: digit GEMMs, float64 grids on the CPU);
+    a backend with kernels passes a subclass (``backends/triton/token_logprobs_backward.py``: Triton).
+    Every step is exact or rounded once as the contract says, so the subclass cannot change a bit;
+    the conformance suite checks that it does not.
     """
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor, vc: int,
@@ -175,7 +177,7 @@ class Products:
         return _finish(acc, ex, ew)
 
 
-GENERIC = Products()
+GENERIC = Steps()
 
 
 def _scale(ex: torch.Tensor, ew: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,7 +229,7 @@ class _Result:
 def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_start: int,
           temperature: float, row_max: torch.Tensor | None, sum_int: torch.Tensor | None,
           given_ex: torch.Tensor | None, given_ew: torch.Tensor | None, exponents_only: bool, need_hidden: bool,
-          need_weight: bool, products: Products) -> _Result:
+          need_weight: bool, steps: Steps) -> _Result:
     """Both passes over ``weight`` (the whole vocabulary, or the shard starting at ``vocab_start``).
 
     Unsharded: ``row_max``/``sum_int`` None (computed here), ``given_ex`` None (the rows' own exponents),
@@ -256,7 +258,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         out.lo = torch.zeros((t, h), dtype=torch.int64, device=dev)
     elif need_hidden:
         out.d_hidden = torch.empty((t, h), dtype=dtype, device=dev)
-    ew = given_ew if given_ew is not None else (products.column_exponents(weight) if need_hidden else None)
+    ew = given_ew if given_ew is not None else (steps.column_exponents(weight) if need_hidden else None)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
 
     work, logits_bytes = WORK_BYTES * budget_scale(dev), LOGITS_BYTES * budget_scale(dev)
@@ -268,10 +270,10 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
         z = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
-        for v0, v1, block in products.logits(hidden[t0:t1], weight, vc, tau):
+        for v0, v1, block in steps.logits(hidden[t0:t1], weight, vc, tau):
             z[:, v0:v1] = block
         if row_max is None or sum_int is None:
-            m, s_int = products.row_stats(z, vs)
+            m, s_int = steps.row_stats(z, vs)
             finite = torch.isfinite(m)
             m0 = torch.where(finite, m, 0.0)
         else:
@@ -285,7 +287,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
         s = s_all[t0:t1]
         own_ex = out.ex is not None or (need_hidden and ew is not None and given_ex is None)
-        c, c_ex = products.coefficients(z, m0, total, a_y, s, y, finite, vs,
+        c, c_ex = steps.coefficients(z, m0, total, a_y, s, y, finite, vs,
                                         None if out.ex is not None else (colmax, colbad), own_ex)
         del z
         if out.ex is not None:
@@ -300,7 +302,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
             lo = torch.zeros_like(hi)
             for v0 in range(0, v, vch):
                 v1 = min(v0 + vch, v)
-                part_hi, part_lo = _split(products.exact(c[:, v0:v1], weight[v0:v1].T, ex, ew))
+                part_hi, part_lo = _split(steps.exact(c[:, v0:v1], weight[v0:v1].T, ex, ew))
                 hi += part_hi
                 lo += part_lo
             if out.hi is not None and out.lo is not None:
@@ -315,7 +317,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         return out
 
     ec = _column_exponents(colmax, colbad)
-    eh = products.column_exponents(hidden)
+    eh = steps.column_exponents(hidden)
     vb = max(1, min(v, work // (16 * h)))
     if vb < v or v == 0:  # several blocks (one block's result is d_weight itself)
         out.d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
@@ -323,16 +325,16 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
         if kept is not None:  # the one product of the block, finished as it is
-            acc = products.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+            acc = steps.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
         else:
             acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
         for t0 in range(0, t if kept is None else 0, tb):
             t1 = min(t0 + tb, t)
-            _, _, z = next(products.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
-            c, _ = products.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
+            _, _, z = next(steps.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
+            c, _ = steps.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
                                          targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
-            acc += products.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
-        d_weight = products.finish(acc, ec[v0:v1], eh)
+            acc += steps.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
+        d_weight = steps.finish(acc, ec[v0:v1], eh)
         if out.d_weight is None:
             out.d_weight = d_weight
         else:
@@ -368,14 +370,14 @@ def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: to
     return backward_with(GENERIC, grad, hidden, weight, targets, temperature, need_hidden, need_weight)
 
 
-def backward_with(products: Products, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+def backward_with(steps: Steps, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                   targets: torch.Tensor, temperature: float = 1.0, need_hidden: bool = True,
                   need_weight: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """:func:`token_logprobs_backward` with its matrix products run by ``products`` (no bit depends on it)."""
+    """:func:`token_logprobs_backward` with its products and large steps run by ``steps`` (no bit depends on it)."""
     if need_weight:
         _check_tokens("token_logprobs_backward", hidden.shape[0])
     out = _core(grad, hidden, weight, targets, 0, temperature, None, None, None, None, False, need_hidden,
-                need_weight, products)
+                need_weight, steps)
     return out.d_hidden, out.d_weight
 
 
@@ -395,21 +397,21 @@ def token_logprobs_backward_partial(grad: torch.Tensor, hidden: torch.Tensor, we
                         exponents, need_weight)
 
 
-def partial_with(products: Products, grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor,
+def partial_with(steps: Steps, grad: torch.Tensor, hidden: torch.Tensor, weight_shard: torch.Tensor,
                  targets: torch.Tensor, vocab_start: int, row_max: torch.Tensor, sum_int: torch.Tensor,
                  temperature: float = 1.0, exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
                  need_weight: bool = True) -> tuple[torch.Tensor | None, ...]:
-    """:func:`token_logprobs_backward_partial` with its matrix products run by ``products``."""
+    """:func:`token_logprobs_backward_partial` with its products and large steps run by ``steps``."""
     op = "token_logprobs_backward_partial"
     if exponents is None:
         out = _core(grad, hidden, weight_shard, targets, vocab_start, temperature, row_max, sum_int, None, None,
-                    True, True, False, products)
-        return out.ex, products.column_exponents(weight_shard)
+                    True, True, False, steps)
+        return out.ex, steps.column_exponents(weight_shard)
     if need_weight:
         _check_tokens(op, hidden.shape[0])
     ec, ew = exponents
     out = _core(grad, hidden, weight_shard, targets, vocab_start, temperature, row_max, sum_int, ec, ew, False,
-                True, need_weight, products)
+                True, need_weight, steps)
     return out.hi, out.lo, out.d_weight
 
 

@@ -1,7 +1,7 @@
 """``token_logprobs_backward`` on Triton: the generic passes, with their large steps as kernels.
 
 Contract ``token_logprobs_backward`` v1. The passes and the chunking are the device-generic
-implementation's (``backends/generic/token_logprobs_backward.py``: its ``Products`` hooks); every
+implementation's (``backends/generic/token_logprobs_backward.py``: its ``Steps`` hooks); every
 step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only O(T), O(V) and
 ``T x H`` glue stays in torch:
 
@@ -151,8 +151,9 @@ def _tlb_column_max_kernel(t_ptr, R, C, colmax_ptr, colbad_ptr, BLOCK_R: tl.cons
     tl.store(colbad_ptr + slots, tl.max((mask & ~live).to(tl.int32), axis=0), mask=c_ok)
 
 
-class TritonProducts(_generic.Products):
-    """The generic backward's products on ``linear``'s int8 Triton kernels for one target."""
+class TritonSteps(_generic.Steps):
+    """The generic backward's products on ``linear``'s int8 Triton kernels, its large steps on this
+    module's kernels, for one target."""
 
     def __init__(self, target: TritonTarget) -> None:
         self.target = target
@@ -245,9 +246,9 @@ def coefficient_digits(x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
 def token_logprobs_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                             temperature: float = 1.0, need_hidden: bool = True, need_weight: bool = True, *,
                             target: TritonTarget) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Kernel ``token_logprobs_backward``: the generic backward with :class:`TritonProducts`
+    """Kernel ``token_logprobs_backward``: the generic backward with :class:`TritonSteps`
     (arguments and results as :func:`rlkernel.backends.generic.token_logprobs_backward.token_logprobs_backward`)."""
-    return _generic.backward_with(TritonProducts(target), grad, hidden, weight, targets, temperature, need_hidden,
+    return _generic.backward_with(TritonSteps(target), grad, hidden, weight, targets, temperature, need_hidden,
                                   need_weight)
 
 
@@ -257,9 +258,9 @@ def token_logprobs_backward_partial(grad: torch.Tensor, hidden: torch.Tensor, we
                                     exponents: tuple[torch.Tensor, torch.Tensor] | None = None,
                                     need_weight: bool = True, *,
                                     target: TritonTarget) -> tuple[torch.Tensor | None, ...]:
-    """Kernel ``token_logprobs_backward_partial``: one vocabulary shard's part, with :class:`TritonProducts`
+    """Kernel ``token_logprobs_backward_partial``: one vocabulary shard's part, with :class:`TritonSteps`
     (as :func:`rlkernel.backends.generic.token_logprobs_backward.token_logprobs_backward_partial`)."""
-    return _generic.partial_with(TritonProducts(target), grad, hidden, weight_shard, targets, vocab_start, row_max,
+    return _generic.partial_with(TritonSteps(target), grad, hidden, weight_shard, targets, vocab_start, row_max,
                                  sum_int, temperature, exponents, need_weight)
 
 
