@@ -111,11 +111,11 @@ def _tlb_coefficients_kernel(z_ptr, stride_z, c_ptr, m_ptr, total_ptr, ay_ptr, s
 
 
 @triton.jit
-def _tlb_digits_kernel(c_ptr, stride_r, stride_k, e_ptr, d_ptr, R, K,
+def _tlb_digits_kernel(c_ptr, stride_r, stride_k, e_ptr, d_ptr, R, K, plane,
                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The four balanced base-128 int8 digit planes [4, R, K] (contiguous) of fp32 rows c [R, K]
-    (any strides: a block of coefficient rows, or its transpose) on their 28-bit grids ``e`` [R]
-    (SENTINEL rows give zeros)."""
+    """The four balanced base-128 int8 digit planes [4, R, K] (contiguous, ``plane`` = R * K elements
+    apart) of fp32 rows c [R, K] (any strides: a block of coefficient rows, or its transpose) on
+    their 28-bit grids ``e`` [R] (SENTINEL rows give zeros)."""
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     r_ok = rr < R
@@ -127,7 +127,6 @@ def _tlb_digits_kernel(c_ptr, stride_r, stride_k, e_ptr, d_ptr, R, K,
     g = tl.where(live[:, None], E.grid_int_f32(x, tl.where(live, e, 0)[:, None], 27), 0)
     d0, d1, d2, d3 = E.split4(g)
     out = d_ptr + rr[:, None].to(tl.int64) * K + rk[None, :]
-    plane = R.to(tl.int64) * K
     tl.store(out, d0, mask=mask)
     tl.store(out + plane, d1, mask=mask)
     tl.store(out + 2 * plane, d2, mask=mask)
@@ -239,7 +238,7 @@ def coefficient_digits(x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
     if r and k:
         br, bk = DIGIT_TILE
         _tlb_digits_kernel[(cdiv(r, br), cdiv(k, bk))](x, x.stride(0), x.stride(1), ex.contiguous(), planes, r, k,
-                                                       BLOCK_R=br, BLOCK_K=bk, num_warps=4, **LAUNCH)
+                                                       r * k, BLOCK_R=br, BLOCK_K=bk, num_warps=4, **LAUNCH)
     return planes
 
 
@@ -287,7 +286,7 @@ def static_specs(target: TritonTarget):
           "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"}, {"BLOCK_R": COLUMN_TILE[0], "BLOCK_C": COLUMN_TILE[1]}),
         ("token_logprobs_backward", "coefficient_digits", _tlb_digits_kernel,
          {"c_ptr": "*fp32", "stride_r": "i64", "stride_k": "i64", "e_ptr": "*i64", "d_ptr": "*i8", "R": "i32",
-          "K": "i32", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"},
+          "K": "i32", "plane": "i64", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"},
          {"BLOCK_R": DIGIT_TILE[0], "BLOCK_K": DIGIT_TILE[1]}),
     ] + [("token_logprobs_backward", f"coefficients{'_columns' if cols else ''}{'_rows' if rows else ''}",
           _tlb_coefficients_kernel,
