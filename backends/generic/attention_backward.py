@@ -281,9 +281,12 @@ def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: in
     gq = torch.where(bad.view(n * h, group * big_q).unsqueeze(-1), float("nan"), gq)
     gq = cast_out(gq, dtype).view(n, h * group, big_q, d)
     # dK (scaled) and dV (unscaled: M = 1, ks = 0) as one batch of 2 n H KV heads: half the torch operations
-    per_head = torch.tensor([parts, (1, 0)], dtype=torch.int64, device=q.device).repeat_interleave(n * h, dim=0)
+    # (filled on the device: a tensor from a host list would be a copy that waits for the stream)
+    m = torch.ones((2, n * h, 1, 1), dtype=torch.int64, device=q.device)
+    ks = torch.zeros_like(m)
+    m[0], ks[0] = parts
     gkv = _kv_product(torch.cat([dsr, pr]), torch.cat([qg, do.view(n * h, group, big_q, d)]), dtype,
-                      (per_head[:, 0].view(-1, 1, 1), per_head[:, 1].view(-1, 1, 1)))
+                      (m.view(-1, 1, 1), ks.view(-1, 1, 1)))
     gk, gv = cast_out(gkv, dtype).view(2, n, h, big_k, d)
     for i, (q0, q1, k0, k1) in enumerate(seqs):
         dq[q0:q1, heads] = gq[i, :, :q1 - q0].transpose(0, 1)

@@ -288,7 +288,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
         s = s_all[t0:t1]
         own_ex = out.ex is not None or (need_hidden and ew is not None and given_ex is None)
         c, c_ex = steps.coefficients(z, m0, total, a_y, s, y, finite, vs,
-                                        None if out.ex is not None else (colmax, colbad), own_ex)
+                                     None if out.ex is not None else (colmax, colbad), own_ex)
         del z
         if out.ex is not None:
             out.ex[t0:t1] = c_ex
@@ -332,7 +332,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
             t1 = min(t0 + tb, t)
             _, _, z = next(steps.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
             c, _ = steps.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
-                                         targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
+                                      targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
             acc += steps.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
         d_weight = steps.finish(acc, ec[v0:v1], eh)
         if out.d_weight is None:
