@@ -79,8 +79,7 @@ def _group(a, b, c, d, R: tl.constexpr):
 
 
 @triton.jit
-def _pack(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16, s17, s18, s19,
-          R: tl.constexpr):
+def _pack(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16, s17, s18, s19, R: tl.constexpr):
     """The inverse of ``_unpack``: a ``[R, 32]`` state tile (slots 20..31 zero)."""
     z = tl.zeros_like(s0)
     g0 = _group(s0, s8, s16, z, R)
@@ -107,12 +106,41 @@ def _accumulate_tiled_kernel(s_ptr, t_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr
     tile = tl.load(ptrs, mask=mask, other=0)
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _unpack(tile, R)
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = X._normalize(
-        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
+        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16
+    )
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = X._add_terms(
-        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
-        l15, l16, nan, pinf, ninf)
-    tl.store(ptrs, _pack(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf, R),
-             mask=mask)
+        t_ptr,
+        S_TERMS,
+        n,
+        e,
+        ok,
+        CHUNK_TERMS,
+        l0,
+        l1,
+        l2,
+        l3,
+        l4,
+        l5,
+        l6,
+        l7,
+        l8,
+        l9,
+        l10,
+        l11,
+        l12,
+        l13,
+        l14,
+        l15,
+        l16,
+        nan,
+        pinf,
+        ninf,
+    )
+    tl.store(
+        ptrs,
+        _pack(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf, R),
+        mask=mask,
+    )
 
 
 def _run(kernel, state: torch.Tensor, terms: torch.Tensor, r: int, warps: int) -> torch.Tensor:
@@ -133,10 +161,12 @@ def main() -> None:
     want = _run(X._accumulate_kernel, base.clone(), terms, X.ROWS, X.WARPS)
     rows: list[dict] = []
     floor_ms = n * 324 / 4.2e9
-    variants = [("product", X._accumulate_kernel, X.ROWS, X.WARPS), ("product", X._accumulate_kernel, 256, 8),
-                ("product", X._accumulate_kernel, 512, 4)]
-    variants += [("tiled", _accumulate_tiled_kernel, r, w) for r, w in ((32, 1), (64, 2), (128, 4), (128, 8),
-                                                                            (256, 8))]
+    variants = [
+        ("product", X._accumulate_kernel, X.ROWS, X.WARPS),
+        ("product", X._accumulate_kernel, 256, 8),
+        ("product", X._accumulate_kernel, 512, 4),
+    ]
+    variants += [("tiled", _accumulate_tiled_kernel, r, w) for r, w in ((32, 1), (64, 2), (128, 4), (128, 8), (256, 8))]
     if dev == "cpu":  # the interpreter: bits only
         variants = [v for v in variants if v[2] <= 128][:4]
     for name, kernel, r, w in variants:
@@ -146,7 +176,7 @@ def main() -> None:
             row["equal"] = bool(torch.equal(got, want))
             if dev == "cuda":
                 st = base.clone()
-                ms = triton.testing.do_bench(lambda: _run(kernel, st, terms, r, w), warmup=5, rep=50)
+                ms = triton.testing.do_bench(lambda k=kernel, s=st, r=r, w=w: _run(k, s, terms, r, w), warmup=5, rep=50)
                 row.update(ms=ms, tb_s=n * 324 / ms / 1e9, floor_ms=floor_ms, x_floor=ms / floor_ms)
         except Exception as exc:  # a variant that fails to compile is a row, not the end of the run
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
