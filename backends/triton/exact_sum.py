@@ -3,11 +3,14 @@
 The trainer's weight gradients live in these states (int64 ``[*E, 20]`` per parameter element,
 160 bytes each: 25 GB for a 152k x 1024 LM head), so their speed is the speed of every exact
 accumulation. Each kernel is elementwise over the output elements: a program holds ``R``
-elements, one per thread, and each of the 20 slots of their states (limbs 0..15, the carry limb
-16, the NaN / +inf / -inf counts 17..19) is an int64 ``[R]`` vector of its own, so a carry ripple
-is 16 shift-and-mask steps per element (a first version kept the states as ``[R, 32]`` tiles and
-read slots by reductions over the 32: 58x the bytes floor on the H200). Each state is read and
-written once.
+elements, and each of the 20 slots of their states (limbs 0..15, the carry limb 16, the NaN /
++inf / -inf counts 17..19) is an int64 ``[R]`` vector of its own, so a carry ripple is 16
+shift-and-mask steps per element. The states move between memory and those vectors as one
+coalesced ``[R, 32]`` tile (slots 20..31 masked), taken apart by ``tl.split`` and put together by
+``tl.join`` trees (register moves). Each state is read and written once. (On the H200: 20 strided
+8-byte accesses per element, one per slot, ran at ~1.0 TB/s, 4.1x the bytes floor of
+``exact_sum_accumulate``; the tile at the floor, 4.2 TB/s, ``tools/exp_accumulate.py``; a first
+version that read slots by reductions over a ``[R, 32]`` tile was at 58x.)
 
 - ``_partial_kernel``: the terms ``[S, n]`` of ``R`` elements, one term row at a time, decomposed
   (``_tl_superacc.term_limbs``) into raw int64 limb sums (exact for ``CHUNK`` = 2**22 terms,
@@ -43,8 +46,8 @@ from ._common import LAUNCH, cdiv
 SLOTS = 20
 #: terms folded into the state per normalisation (raw limb sums stay below 2**61)
 CHUNK = 1 << 22
-#: elements per program (one per thread), warps
-ROWS, WARPS = 128, 4
+#: elements per program, warps (H200, tools/exp_accumulate.py: 32 / 1 at the bytes floor, 128 / 4 at 1.15x)
+ROWS, WARPS = 32, 1
 #: largest ``s * n`` / ``k * n * 20`` a launch forms (int32 when Triton specialises n as int32)
 MAX_FLAT = (1 << 31) - 1
 #: the variant reported where the device-generic torch code runs (the scatter form)
@@ -86,38 +89,88 @@ def _normalize(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, 
 
 
 @triton.jit
-def _ld(ptr, e, ok, i):
-    """Slot ``i`` of the states of elements ``e [R]`` (int64 ``[n, 20]`` at ``ptr``)."""
-    return tl.load(ptr + e * 20 + i, mask=ok, other=0)
+def _eo(x, R: tl.constexpr, M: tl.constexpr):
+    """``x [R, 2M]`` -> (columns 0, 2, 4, .., columns 1, 3, 5, ..), each ``[R, M]``."""
+    return tl.split(tl.reshape(x, [R, M, 2]))
 
 
 @triton.jit
-def _st(ptr, e, ok, i, v):
-    tl.store(ptr + e * 20 + i, v, mask=ok)
+def _pair(a, b, R: tl.constexpr, M: tl.constexpr):
+    """The inverse of ``_eo``: ``[R, 2M]`` with a ``[R, M]`` in the even columns, b in the odd ones."""
+    return tl.reshape(tl.join(a, b), [R, 2 * M])
 
 
 @triton.jit
-def _store_state(p, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf):
-    _st(p, e, ok, 0, l0)
-    _st(p, e, ok, 1, l1)
-    _st(p, e, ok, 2, l2)
-    _st(p, e, ok, 3, l3)
-    _st(p, e, ok, 4, l4)
-    _st(p, e, ok, 5, l5)
-    _st(p, e, ok, 6, l6)
-    _st(p, e, ok, 7, l7)
-    _st(p, e, ok, 8, l8)
-    _st(p, e, ok, 9, l9)
-    _st(p, e, ok, 10, l10)
-    _st(p, e, ok, 11, l11)
-    _st(p, e, ok, 12, l12)
-    _st(p, e, ok, 13, l13)
-    _st(p, e, ok, 14, l14)
-    _st(p, e, ok, 15, l15)
-    _st(p, e, ok, 16, l16)
-    _st(p, e, ok, 17, nan)
-    _st(p, e, ok, 18, pinf)
-    _st(p, e, ok, 19, ninf)
+def _four(x, R: tl.constexpr):
+    """``x [R, 4]`` holding slots r, r+8, r+16, r+24 -> those slots as ``[R]`` vectors."""
+    a, b = _eo(x, R, 2)  # a: slots r, r+16 (columns 0, 2); b: r+8, r+24
+    a0, a1 = _eo(a, R, 1)
+    b0, b1 = _eo(b, R, 1)
+    return tl.reshape(a0, [R]), tl.reshape(b0, [R]), tl.reshape(a1, [R]), tl.reshape(b1, [R])
+
+
+@triton.jit
+def _col(v, R: tl.constexpr):
+    return tl.reshape(v, [R, 1])
+
+
+@triton.jit
+def _group(a, b, c, d, R: tl.constexpr):
+    """Slots r, r+8, r+16, r+24 ``[R]`` -> ``[R, 4]`` in that column order (the inverse of ``_four``)."""
+    return _pair(_pair(_col(a, R), _col(c, R), R, 1), _pair(_col(b, R), _col(d, R), R, 1), R, 2)
+
+
+@triton.jit
+def _tile(p, e, ok):
+    """Pointers and mask of the states of elements ``e [R]`` as one ``[R, 32]`` tile (slots 20..31 masked)."""
+    c = tl.arange(0, 32)
+    return p + e[:, None] * 20 + c[None, :], ok[:, None] & (c < 20)[None, :]
+
+
+@triton.jit
+def _load_state(p, e, ok, R: tl.constexpr):
+    """The 20 slots of the states of elements ``e [R]`` (int64 ``[n, 20]`` at ``p``), each ``[R]``.
+
+    One coalesced ``[R, 32]`` tile load, its columns taken apart by even/odd splits (five levels).
+    """
+    ptrs, mask = _tile(p, e, ok)
+    x = tl.load(ptrs, mask=mask, other=0)
+    ev, od = _eo(x, R, 16)  # slots 2i, 2i+1
+    ee, eo = _eo(ev, R, 8)  # 4i, 4i+2
+    oe, oo = _eo(od, R, 8)  # 4i+1, 4i+3
+    g0, g4 = _eo(ee, R, 4)  # 8i, 8i+4: [R, 4] each, holding slots r, r+8, r+16, r+24
+    g2, g6 = _eo(eo, R, 4)
+    g1, g5 = _eo(oe, R, 4)
+    g3, g7 = _eo(oo, R, 4)
+    s0, s8, s16, _u0 = _four(g0, R)
+    s1, s9, s17, _u1 = _four(g1, R)
+    s2, s10, s18, _u2 = _four(g2, R)
+    s3, s11, s19, _u3 = _four(g3, R)
+    s4, s12, _u4, _v4 = _four(g4, R)
+    s5, s13, _u5, _v5 = _four(g5, R)
+    s6, s14, _u6, _v6 = _four(g6, R)
+    s7, s15, _u7, _v7 = _four(g7, R)
+    return s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15, s16, s17, s18, s19
+
+
+@triton.jit
+def _store_state(p, e, ok, R: tl.constexpr, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15,
+                 l16, nan, pinf, ninf):
+    """The 20 slots ``[R]`` of elements ``e`` stored as one coalesced ``[R, 32]`` tile (the inverse of
+    ``_load_state``'s splits: joins)."""
+    z = tl.zeros_like(l0)
+    g0 = _group(l0, l8, l16, z, R)
+    g1 = _group(l1, l9, nan, z, R)
+    g2 = _group(l2, l10, pinf, z, R)
+    g3 = _group(l3, l11, ninf, z, R)
+    g4 = _group(l4, l12, z, z, R)
+    g5 = _group(l5, l13, z, z, R)
+    g6 = _group(l6, l14, z, z, R)
+    g7 = _group(l7, l15, z, z, R)
+    ev = _pair(_pair(g0, g4, R, 4), _pair(g2, g6, R, 4), R, 8)
+    od = _pair(_pair(g1, g5, R, 4), _pair(g3, g7, R, 4), R, 8)
+    ptrs, mask = _tile(p, e, ok)
+    tl.store(ptrs, _pair(ev, od, R, 16), mask=mask)
 
 
 @triton.jit
@@ -162,13 +215,14 @@ def _add_terms(t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS: tl.constexpr, l0, l1, l2, 
 
 
 @triton.jit
-def _load_canonical(p, e, ok):
-    """Limbs 0..16 of the states of elements ``e`` (int64 ``[n, 20]`` at ``p``), made canonical."""
-    return _normalize(
-        _ld(p, e, ok, 0), _ld(p, e, ok, 1), _ld(p, e, ok, 2), _ld(p, e, ok, 3), _ld(p, e, ok, 4),
-        _ld(p, e, ok, 5), _ld(p, e, ok, 6), _ld(p, e, ok, 7), _ld(p, e, ok, 8), _ld(p, e, ok, 9),
-        _ld(p, e, ok, 10), _ld(p, e, ok, 11), _ld(p, e, ok, 12), _ld(p, e, ok, 13), _ld(p, e, ok, 14),
-        _ld(p, e, ok, 15), _ld(p, e, ok, 16))
+def _load_canonical(p, e, ok, R: tl.constexpr):
+    """The states of elements ``e`` (int64 ``[n, 20]`` at ``p``): limbs 0..16 made canonical, then the
+    three special counts."""
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _load_state(
+        p, e, ok, R)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
+        l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
+    return l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf
 
 
 @triton.jit
@@ -185,7 +239,7 @@ def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
         t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
         l15, l16, nan, pinf, ninf)
-    _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+    _store_state(out_ptr, e, ok, R, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
 
@@ -201,7 +255,8 @@ def _merge_kernel(s_ptr, out_ptr, K, n, R: tl.constexpr):
     nan, pinf, ninf = z, z, z
     for k in range(0, K):
         p = s_ptr + k * (n * 20)
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 = _load_canonical(p, e, ok)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, an, ap, am = _load_canonical(
+            p, e, ok, R)
         l0 += a0
         l1 += a1
         l2 += a2
@@ -219,12 +274,12 @@ def _merge_kernel(s_ptr, out_ptr, K, n, R: tl.constexpr):
         l14 += a14
         l15 += a15
         l16 += a16
-        nan += _ld(p, e, ok, 17)
-        pinf += _ld(p, e, ok, 18)
-        ninf += _ld(p, e, ok, 19)
+        nan += an
+        pinf += ap
+        ninf += am
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _normalize(
         l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16)
-    _store_state(out_ptr, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+    _store_state(out_ptr, e, ok, R, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
 
@@ -236,14 +291,12 @@ def _accumulate_kernel(s_ptr, t_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: t
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
     p = s_ptr
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _load_canonical(p, e, ok)
-    nan = _ld(p, e, ok, 17)
-    pinf = _ld(p, e, ok, 18)
-    ninf = _ld(p, e, ok, 19)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _load_canonical(
+        p, e, ok, R)
     l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
         t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
         l15, l16, nan, pinf, ninf)
-    _store_state(p, e, ok, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
+    _store_state(p, e, ok, R, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
 
@@ -274,10 +327,8 @@ def _finish_kernel(s_ptr, out_ptr, n, R: tl.constexpr):
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
     p = s_ptr
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16 = _load_canonical(p, e, ok)
-    nan = _ld(p, e, ok, 17)
-    pinf = _ld(p, e, ok, 18)
-    ninf = _ld(p, e, ok, 19)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _load_canonical(
+        p, e, ok, R)
     neg = l16 < 0
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, m16 = _normalize(
         -l0, -l1, -l2, -l3, -l4, -l5, -l6, -l7, -l8, -l9, -l10, -l11, -l12, -l13, -l14, -l15, -l16)
