@@ -293,8 +293,8 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges; linear's
     prefill path from M = 9, with K split over programs; token_logprobs_backward's products on it
     for a few cases of 10-14 tokens, in several token chunks and 4 x 32 coefficient tiles), 16x32
-    (query x key) tiles in attention. The bits must not move: tiling is free because every sum is
-    an integer sum."""
+    (query x key) tiles in attention and in attention_backward's dS kernel. The bits must not move:
+    tiling is free because every sum is an integer sum."""
     from rlkernel.backends.generic import token_logprobs_backward as backward
     from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
@@ -306,7 +306,8 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs)
     records = []
     try:
-        for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention"):
+        for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention",
+                     "attention_backward"):
             for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)

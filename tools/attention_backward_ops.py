@@ -1,11 +1,13 @@
 """How many torch operations the generic ``attention_backward`` launches for one pack, on this machine.
 
-The cuda backend runs ``attention_backward`` as the generic torch code (``cuda:torch_exact``), so on
-the GPU its time is mostly the host's: ~10 us of dispatch and launch per torch operation (the H200
-trainer profile at 34eee00: 170 ms of host time a layer for 2 x 64 tokens, 6 ms of kernels). This
-script runs the generic backward on the CPU for a pack of equal or mixed sequences and counts the
-torch operations it dispatches (views and allocations included: each costs host time), with the
-batching budget of a 141 GB device (``budget_scale`` 16).
+The cuda backend runs ``attention_backward`` as the generic torch code with its dS / pn step as a
+Triton kernel (``backends/triton/attention_backward.py``), so on the GPU its time is mostly the
+host's: ~10 us of dispatch and launch per torch operation (the H200 trainer profile at 34eee00:
+170 ms of host time a layer for 2 x 64 tokens, 6 ms of kernels). This script runs the backward on
+the CPU for a pack of equal or mixed sequences and counts the torch operations it dispatches (views
+and allocations included: each costs host time), with the batching budget of a 141 GB device
+(``budget_scale`` 16): the generic steps, or with ``--steps triton`` (under ``TRITON_INTERPRET=1``)
+the cuda backend's, whose kernel launches are not torch operations.
 
 Usage: ``python tools/attention_backward_ops.py --lens 256,256,256,256`` (Qwen3-0.6B's heads:
 16 query heads, 8 KV heads, head dim 128).
@@ -38,6 +40,8 @@ def main() -> None:
     parser.add_argument("--hq", type=int, default=16)
     parser.add_argument("--hkv", type=int, default=8)
     parser.add_argument("--d", type=int, default=128)
+    parser.add_argument("--steps", choices=("generic", "triton"), default="generic",
+                        help="the dS / pn step: generic torch, or the cuda backend's kernel (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     AB.budget_scale = lambda device: 16  # type: ignore[assignment]
     lens = [int(x) for x in args.lens.split(",")]
@@ -52,10 +56,18 @@ def main() -> None:
     cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
     count = _Count()
     start = time.time()
+    if args.steps == "triton":
+        from rlkernel.backends.triton.attention_backward import TritonSteps
+        from rlkernel.backends.triton.targets import CUDA
+
+        steps: AB.Steps = TritonSteps(CUDA)
+    else:
+        steps = AB.Steps()
     with count:
-        AB.attention_backward(grad, q, k, v, out, cu, cu)
-    print(f"attention_backward, sequences {lens}, {args.hq}/{args.hkv} heads, d {args.d}: {count.ops} torch "
-          f"operations ({count.ops / len(lens):.0f} a sequence; {time.time() - start:.1f} s on this CPU)")
+        AB.backward_with(steps, grad, q, k, v, out, cu, cu, None, True)
+    print(f"attention_backward ({args.steps} steps), sequences {lens}, {args.hq}/{args.hkv} heads, d {args.d}: "
+          f"{count.ops} torch operations ({count.ops / len(lens):.0f} a sequence; "
+          f"{time.time() - start:.1f} s on this CPU)")
 
 
 if __name__ == "__main__":

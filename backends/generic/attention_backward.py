@@ -218,10 +218,74 @@ def _padded(t: torch.Tensor, spans: list[tuple[int, int]], length: int, cols: sl
     return out
 
 
-def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: int, causal: bool,
+def _padded_rows(t: torch.Tensor, spans: list[tuple[int, int]], length: int, first: int, count: int) -> torch.Tensor:
+    """``[n * count, length, ...]``: the heads ``first:first + count`` of the token rows of each span of
+    ``t [T, heads, ...]``, zero-padded to ``length``, head-major per span."""
+    part = _padded(t, spans, length, slice(first, first + count))  # [n, length, count, ...]
+    return part.transpose(1, 2).reshape((len(spans) * count, length) + tuple(part.shape[3:]))
+
+
+class Steps:
+    """The step of the backward that a backend may run as kernels: the forward's probabilities
+    recomputed, ``D``, ``dP`` and ``dS`` of a batch of sequences and KV heads (every one of them
+    ``[n H, G, LQ, LK]``, the largest tensors of the backward). These are the device-generic torch
+    steps; the row exponents of the pack's five inputs are made once, on the first batch."""
+
+    def __init__(self) -> None:
+        self._exps: tuple[torch.Tensor, ...] | None = None
+
+    def ds_and_p(self, seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: int, causal: bool,
+                 q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
+                 scale_value: float, big_q: int, big_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dS, pn, bad)`` of the sequences ``seqs`` (``(q0, q1, k0, k1)`` each, zero-padded to ``big_q``
+        queries and ``big_k`` keys) for KV heads ``g0:g1``: dS and pn ``[n H, G, LQ, LK]`` in q's dtype
+        (NaN at the allowed pairs of a bad row, 0 where no key is allowed), the bad rows ``[n H, G, LQ]``
+        bool (contract ``attention_backward``, steps 1-3)."""
+        if self._exps is None:  # each depends on its own row only: once for the pack
+            self._exps = tuple(row_exponents(t) for t in (q, k, grad_out, out, v))
+        eq, ek, edo, eo, ev = self._exps
+        dtype, dev = q.dtype, q.device
+        n, h, d = len(seqs), g1 - g0, q.shape[-1]
+        qspans = [(q0, q1) for q0, q1, _, _ in seqs]
+        kspans = [(k0, k1) for _, _, k0, k1 in seqs]
+
+        def rows_q(t: torch.Tensor) -> torch.Tensor:  # [Tq, Hq, ...] -> [n H, G, LQ, ...]
+            r = _padded_rows(t, qspans, big_q, g0 * group, h * group)  # [n H G, LQ, ...]
+            return r.reshape((n * h, group, big_q) + tuple(r.shape[2:]))
+
+        def rows_k(t: torch.Tensor) -> torch.Tensor:  # [Tk, Hkv, ...] -> [n H, LK, ...]
+            return _padded_rows(t, kspans, big_k, g0, h)
+
+        allowed = torch.zeros((n, big_q, big_k), dtype=torch.bool, device=dev)
+        for i, (q0, q1, k0, k1) in enumerate(seqs):
+            allowed[i, :q1 - q0, :k1 - k0] = _causal_allowed(q1 - q0, k1 - k0, causal, dev)
+        allowed = allowed.unsqueeze(1).expand(n, h, big_q, big_k).reshape(n * h, 1, big_q, big_k)
+        vv = rows_k(v)
+        do = rows_q(grad_out).reshape(n * h, group * big_q, d)
+        o = rows_q(out).reshape(n * h, group * big_q, d)
+        e_do = rows_q(edo).reshape(n * h, group * big_q)
+        e_o = rows_q(eo).reshape(n * h, group * big_q)
+        row_bad = _bad_inputs(do, o).view(n * h, group, big_q)
+        scale_t = torch.full((), scale_value, dtype=torch.float32, device=dev)
+        s_g = _scores(rows_q(q), rows_k(k), rows_q(eq), rows_k(ek), scale_t)
+        pn, bad = _probabilities(s_g, allowed, vv)
+        bad = bad | row_bad
+        # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
+        e_v = rows_k(ev)  # [n H, LK]
+        dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
+                      e_do.unsqueeze(-1) + e_v.unsqueeze(-2) - DO_BITS - OV_BITS).view(n * h, group, big_q, big_k)
+        c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
+        delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(n * h, group, big_q, 1)
+        ds = _ds(pn, dp, delta)
+        keep = allowed & ~bad.unsqueeze(-1)
+        dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
+        pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
+        return dsr, pr, bad
+
+
+def _kv_heads(steps: Steps, seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: int, causal: bool,
               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
-              eq: torch.Tensor, ek: torch.Tensor, edo: torch.Tensor, eo: torch.Tensor, ev: torch.Tensor,
-              scale_t: torch.Tensor, parts: tuple[int, int], dq: torch.Tensor, dk: torch.Tensor,
+              scale_value: float, parts: tuple[int, int], dq: torch.Tensor, dk: torch.Tensor,
               dv: torch.Tensor) -> None:
     """The gradients of the sequences ``seqs`` (``(q0, q1, k0, k1)`` each, every one with keys) for KV
     heads ``g0:g1``, written into dq, dk, dv.
@@ -235,48 +299,13 @@ def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: in
     """
     dtype = q.dtype
     n, h, d = len(seqs), g1 - g0, q.shape[-1]
-    lqs = [q1 - q0 for q0, q1, _, _ in seqs]
-    lks = [k1 - k0 for _, _, k0, k1 in seqs]
-    big_q, big_k = max(lqs), max(lks)
+    big_q = max(q1 - q0 for q0, q1, _, _ in seqs)
+    big_k = max(k1 - k0 for _, _, k0, k1 in seqs)
+    dsr, pr, bad = steps.ds_and_p(seqs, g0, g1, group, causal, q, k, v, grad_out, out, scale_value, big_q, big_k)
     qspans = [(q0, q1) for q0, q1, _, _ in seqs]
-    kspans = [(k0, k1) for _, _, k0, k1 in seqs]
-    heads, kv = slice(g0 * group, g1 * group), slice(g0, g1)
-
-    def rows_q(t: torch.Tensor) -> torch.Tensor:  # [Tq, Hq, D] -> [n * H, G, LQ, D]
-        return _padded(t, qspans, big_q, heads).permute(0, 2, 1, 3).reshape(n * h, group, big_q, d)
-
-    def rows_k(t: torch.Tensor) -> torch.Tensor:  # [Tk, Hkv, D] -> [n * H, LK, D]
-        return _padded(t, kspans, big_k, kv).permute(0, 2, 1, 3).reshape(n * h, big_k, d)
-
-    def exps_q(e: torch.Tensor) -> torch.Tensor:  # [Tq, Hq] -> [n * H, G, LQ]
-        return _padded(e, qspans, big_q, heads).permute(0, 2, 1).reshape(n * h, group, big_q)
-
-    def exps_k(e: torch.Tensor) -> torch.Tensor:  # [Tk, Hkv] -> [n * H, LK]
-        return _padded(e, kspans, big_k, kv).permute(0, 2, 1).reshape(n * h, big_k)
-
-    allowed = torch.zeros((n, big_q, big_k), dtype=torch.bool, device=q.device)
-    for i, (lq, lk) in enumerate(zip(lqs, lks)):
-        allowed[i, :lq, :lk] = _causal_allowed(lq, lk, causal, q.device)
-    allowed = allowed.unsqueeze(1).expand(n, h, big_q, big_k).reshape(n * h, 1, big_q, big_k)
-    kk, vv, qg = rows_k(k), rows_k(v), rows_q(q)  # [n H, LK, D], [n H, LK, D], [n H, G, LQ, D]
-    do = rows_q(grad_out).reshape(n * h, group * big_q, d)
-    o = rows_q(out).reshape(n * h, group * big_q, d)
-    e_do = exps_q(edo).reshape(n * h, group * big_q)
-    e_o = exps_q(eo).reshape(n * h, group * big_q)
-    row_bad = _bad_inputs(do, o).view(n * h, group, big_q)
-    s_g = _scores(qg, kk, exps_q(eq), exps_k(ek), scale_t)
-    pn, bad = _probabilities(s_g, allowed, vv)
-    bad = bad | row_bad
-    # D_i and dP_ij: exact products of the dO rows (28 bits) with the out and V rows (21 bits)
-    e_v = exps_k(ev)  # [n H, LK]
-    dp = _to_fp32(_exact_product(do, vv, e_do, e_v, DO_BITS, OV_BITS),
-                  e_do.unsqueeze(-1) + e_v.unsqueeze(-2) - DO_BITS - OV_BITS).view(n * h, group, big_q, big_k)
-    c_d = (grid_rows(do, e_do, DO_BITS) * grid_rows(o, e_o, OV_BITS)).sum(dim=-1)
-    delta = _to_fp32(c_d, e_do + e_o - DO_BITS - OV_BITS).view(n * h, group, big_q, 1)
-    ds = _ds(pn, dp, delta)
-    keep = allowed & ~bad.unsqueeze(-1)
-    dsr = _cast_ds(torch.where(keep, ds, torch.where(allowed, float("nan"), 0.0)), dtype)
-    pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
+    kk = _padded_rows(k, [(k0, k1) for _, _, k0, k1 in seqs], big_k, g0, h)  # [n H, LK, D]
+    qg = _padded_rows(q, qspans, big_q, g0 * group, h * group).view(n * h, group, big_q, d)
+    do = _padded_rows(grad_out, qspans, big_q, g0 * group, h * group).view(n * h, group, big_q, d)
     gq = _grad_product(dsr.reshape(n * h, group * big_q, big_k), kk.transpose(1, 2), dtype, parts)
     gq = torch.where(bad.view(n * h, group * big_q).unsqueeze(-1), float("nan"), gq)
     gq = cast_out(gq, dtype).view(n, h * group, big_q, d)
@@ -285,9 +314,9 @@ def _kv_heads(seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: in
     m = torch.ones((2, n * h, 1, 1), dtype=torch.int64, device=q.device)
     ks = torch.zeros_like(m)
     m[0], ks[0] = parts
-    gkv = _kv_product(torch.cat([dsr, pr]), torch.cat([qg, do.view(n * h, group, big_q, d)]), dtype,
-                      (m.view(-1, 1, 1), ks.view(-1, 1, 1)))
+    gkv = _kv_product(torch.cat([dsr, pr]), torch.cat([qg, do]), dtype, (m.view(-1, 1, 1), ks.view(-1, 1, 1)))
     gk, gv = cast_out(gkv, dtype).view(2, n, h, big_k, d)
+    heads, kv = slice(g0 * group, g1 * group), slice(g0, g1)
     for i, (q0, q1, k0, k1) in enumerate(seqs):
         dq[q0:q1, heads] = gq[i, :, :q1 - q0].transpose(0, 1)
         dk[k0:k1, kv] = gk[i, :, :k1 - k0].transpose(0, 1)
@@ -321,7 +350,8 @@ def _host_list(t: torch.Tensor) -> list[int]:
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None = None,
                        causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact gradients of ``attention`` in q, k, v (contract ``attention_backward`` v1).
+    """Exact gradients of ``attention`` in q, k, v (contract ``attention_backward`` v1): :func:`backward_with`
+    the device-generic :class:`Steps`.
 
     Parameters
     ----------
@@ -336,21 +366,24 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     -------
     (dq [Tq, Hq, D], dk [Tk, Hkv, D], dv [Tk, Hkv, D]), q's dtype
     """
+    return backward_with(Steps(), grad_out, q, k, v, out, cu_seqlens_q, cu_seqlens_k, scale, causal)
+
+
+def backward_with(steps: Steps, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`attention_backward` with the dS / pn step of ``steps`` (a backend's kernels, same bits)."""
     dev, dtype = q.device, q.dtype
     tq, hq, d = q.shape
     tk, hkv = k.shape[0], k.shape[1]
     group = hq // hkv
     # RN32 of the given scale (the public op has rounded it already; rounding again changes nothing)
     scale_value = default_scale(d) if scale is None else float(torch.tensor(float(scale), dtype=torch.float32))
-    scale_t = torch.full((), scale_value, dtype=torch.float32, device=dev)
     parts = _scale_parts(scale_value)
     cq, ck = _host_list(cu_seqlens_q), _host_list(cu_seqlens_k)
     dq = torch.zeros((tq, hq, d), dtype=dtype, device=dev)
     dk = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
     dv = torch.zeros((tk, hkv, d), dtype=dtype, device=dev)
-    # row exponents of every (token, head) row, once for the pack: each depends on its own row only
-    eq, ek = row_exponents(q), row_exponents(k)  # [Tq, Hq], [Tk, Hkv]
-    edo, eo, ev = row_exponents(grad_out), row_exponents(out), row_exponents(v)
     budget = BLOCK_ELEMENTS * budget_scale(dev)
     seqs = []
     for b in range(len(cq) - 1):
@@ -372,9 +405,8 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     for seq in alone:  # too large with all its KV heads: its heads in batches
         per_batch = max(1, budget // (group * (seq[1] - seq[0]) * (seq[3] - seq[2])))
         for g0 in range(0, hkv, per_batch):
-            _kv_heads([seq], g0, min(hkv, g0 + per_batch), group, causal, q, k, v, grad_out, out, eq, ek, edo, eo,
-                      ev, scale_t, parts, dq, dk, dv)
+            _kv_heads(steps, [seq], g0, min(hkv, g0 + per_batch), group, causal, q, k, v, grad_out, out, scale_value,
+                      parts, dq, dk, dv)
     for batch in _batches(together, hkv * group, budget):
-        _kv_heads(batch, 0, hkv, group, causal, q, k, v, grad_out, out, eq, ek, edo, eo, ev, scale_t, parts, dq, dk,
-                  dv)
+        _kv_heads(steps, batch, 0, hkv, group, causal, q, k, v, grad_out, out, scale_value, parts, dq, dk, dv)
     return cast_out(dq, dtype), dk, dv

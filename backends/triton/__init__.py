@@ -26,7 +26,7 @@ KERNELS: dict[str, str] = {
     "all_reduce": "all_reduce:all_reduce",
     "attention": "attention:attention",
     "attention_paged": "attention_paged:attention_paged",
-    "attention_backward": "torch_exact:attention_backward",
+    "attention_backward": "attention_backward:attention_backward",
     "embedding": "embedding:embedding",
     "kl_k3": "rl:kl_k3",
     "linear": "linear:linear",

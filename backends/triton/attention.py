@@ -211,6 +211,36 @@ def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l,
 
 
 @triton.jit
+def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, table_stride, block_size, g, sk_t,
+                 sk_h, sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pass 1 over the allowed keys ``< kv_end`` of the q rows: the R5 row max, the max over keys with
+    a non-zero V row, E = their max V exponent, the non-finite-V flag; (ref, e_l, E, vbad flag [M])."""
+    best = tl.full([BLOCK_M], -2147483647, tl.int32)
+    best_c = tl.full([BLOCK_M], -2147483647, tl.int32)
+    nanf = tl.zeros([BLOCK_M], tl.int32)
+    e_big = tl.full([BLOCK_M], -1073741824, tl.int32)
+    vbad_any = tl.zeros([BLOCK_M], tl.int32)
+    for j0 in range(0, kv_end, BLOCK_N):
+        pos = j0 + rn
+        pos_ok = pos < lk
+        rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
+        s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                        BLOCK_M, BLOCK_N)
+        allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+        nan = E.is_nan(s)
+        best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
+        nanf = tl.maximum(nanf, tl.max((allowed & nan).to(tl.int32), axis=1))
+        vtop, vbad, ev = _v_row_stats(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+        contrib = allowed & (vtop != 0)[None, :]
+        best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
+        e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
+        vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
+    ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
+    return ref, e_l, e_row, vbad_any
+
+
+@triton.jit
 def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k_ptr, table_ptr,
                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, table_stride, block_size,
                           D, group, scale_bits,
@@ -240,27 +270,9 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
         rn = tl.arange(0, BLOCK_N)
 
         # ---- pass 1: R5 max of the scores, E = max V exponent, non-finite V rows -------------
-        best = tl.full([BLOCK_M], -2147483647, tl.int32)
-        best_c = tl.full([BLOCK_M], -2147483647, tl.int32)
-        nanf = tl.zeros([BLOCK_M], tl.int32)
-        e_big = tl.full([BLOCK_M], -1073741824, tl.int32)
-        vbad_any = tl.zeros([BLOCK_M], tl.int32)
-        for j0 in range(0, kv_end, BLOCK_N):
-            pos = j0 + rn
-            pos_ok = pos < lk
-            rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                            BLOCK_M, BLOCK_N)
-            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            nan = E.is_nan(s)
-            best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
-            nanf = tl.maximum(nanf, tl.max((allowed & nan).to(tl.int32), axis=1))
-            vtop, vbad, ev = _v_row_stats(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
-            contrib = allowed & (vtop != 0)[None, :]
-            best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
-            e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
-            vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
-        ref, e_l, e_row = _row_ref(best, best_c, nanf, e_big)
+        ref, e_l, e_row, vbad_any = _pass_maxima(
+            k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, table_stride, block_size, g, sk_t, sk_h,
+            sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N)
 
         # ---- pass 2: p = exp_c(s - ref); L and O as exact integer sums -------------------------
         big_l = tl.zeros([BLOCK_M], tl.int64)
