@@ -282,6 +282,25 @@ class Steps:
         pr = _cast_p(torch.where(keep, pn, torch.where(allowed, float("nan"), 0.0)), dtype)
         return dsr, pr, bad
 
+    def grad_q(self, ds: torch.Tensor, kk: torch.Tensor, dtype: torch.dtype,
+               parts: tuple[int, int]) -> torch.Tensor:
+        """dQ before the bad-row NaNs: ``RN_dtype(scale dS K)`` of ds ``[n H, G LQ, LK]`` and the padded
+        keys kk ``[n H, LK, D]`` -> ``[n H, G LQ, D]`` (NaN rows where a dS row holds NaN/inf)."""
+        return _grad_product(ds, kk.transpose(1, 2), dtype, parts)
+
+    def grad_kv(self, ds: torch.Tensor, pr: torch.Tensor, qg: torch.Tensor, do: torch.Tensor, dtype: torch.dtype,
+                parts: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """dK = ``RN_dtype(scale sum dS^T Q)`` and dV = ``RN_dtype(sum pn^T dO)`` of ds, pr ``[n H, G, LQ, LK]``
+        and qg, do ``[n H, G, LQ, D]``: each ``[n H, LK, D]``, one exact sum over the group's heads and
+        queries. Both as one batch of 2 n H KV heads (half the torch operations): dV's scale is M = 1,
+        ks = 0, filled on the device (a tensor from a host list would be a copy that waits for the stream)."""
+        nh = ds.shape[0]
+        m = torch.ones((2, nh, 1, 1), dtype=torch.int64, device=ds.device)
+        ks = torch.zeros_like(m)
+        m[0], ks[0] = parts
+        gkv = _kv_product(torch.cat([ds, pr]), torch.cat([qg, do]), dtype, (m.view(-1, 1, 1), ks.view(-1, 1, 1)))
+        return gkv[:nh], gkv[nh:]
+
 
 def _kv_heads(steps: Steps, seqs: list[tuple[int, int, int, int]], g0: int, g1: int, group: int, causal: bool,
               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
@@ -306,16 +325,12 @@ def _kv_heads(steps: Steps, seqs: list[tuple[int, int, int, int]], g0: int, g1: 
     kk = _padded_rows(k, [(k0, k1) for _, _, k0, k1 in seqs], big_k, g0, h)  # [n H, LK, D]
     qg = _padded_rows(q, qspans, big_q, g0 * group, h * group).view(n * h, group, big_q, d)
     do = _padded_rows(grad_out, qspans, big_q, g0 * group, h * group).view(n * h, group, big_q, d)
-    gq = _grad_product(dsr.reshape(n * h, group * big_q, big_k), kk.transpose(1, 2), dtype, parts)
+    gq = steps.grad_q(dsr.reshape(n * h, group * big_q, big_k), kk, dtype, parts)
     gq = torch.where(bad.view(n * h, group * big_q).unsqueeze(-1), float("nan"), gq)
     gq = cast_out(gq, dtype).view(n, h * group, big_q, d)
-    # dK (scaled) and dV (unscaled: M = 1, ks = 0) as one batch of 2 n H KV heads: half the torch operations
-    # (filled on the device: a tensor from a host list would be a copy that waits for the stream)
-    m = torch.ones((2, n * h, 1, 1), dtype=torch.int64, device=q.device)
-    ks = torch.zeros_like(m)
-    m[0], ks[0] = parts
-    gkv = _kv_product(torch.cat([dsr, pr]), torch.cat([qg, do]), dtype, (m.view(-1, 1, 1), ks.view(-1, 1, 1)))
-    gk, gv = cast_out(gkv, dtype).view(2, n, h, big_k, d)
+    gk, gv = steps.grad_kv(dsr, pr, qg, do, dtype, parts)
+    gk = cast_out(gk, dtype).view(n, h, big_k, d)
+    gv = cast_out(gv, dtype).view(n, h, big_k, d)
     heads, kv = slice(g0 * group, g1 * group), slice(g0, g1)
     for i, (q0, q1, k0, k1) in enumerate(seqs):
         dq[q0:q1, heads] = gq[i, :, :q1 - q0].transpose(0, 1)

@@ -1,11 +1,11 @@
-"""``attention_backward`` on Triton: the generic backward with its dS / pn step as one kernel.
+"""``attention_backward`` on Triton: the generic backward with its dS / pn step and products as kernels.
 
-Contract ``attention_backward`` v1. The batching of sequences and KV heads and the three gradient
-products (dQ, dK, dV: exact digit GEMMs rounded once) are the device-generic implementation's
-(``backends/generic/attention_backward.py``); its :class:`Steps` hook ``ds_and_p``, the largest
-tensors of the backward (``[n H, G, LQ, LK]``: the scores, probabilities, dP and dS of a batch),
-runs here as ``_abw_ds_kernel``, one program per (block of packed query rows, sequence, KV head)
-as ``attention``'s forward kernel, whose tile pieces it calls:
+Contract ``attention_backward`` v1. The batching of sequences and KV heads (zero-padded, sorted by
+length) is the device-generic implementation's (``backends/generic/attention_backward.py``); its
+:class:`Steps` hooks run here as two kernels. ``ds_and_p``, the largest tensors of the backward
+(``[n H, G, LQ, LK]``: the scores, probabilities, dP and dS of a batch), is ``_abw_ds_kernel``, one
+program per (block of packed query rows, sequence, KV head) as ``attention``'s forward kernel,
+whose tile pieces it calls:
 
 - pass 1 over the allowed keys: the forward's maxima (``_pass_maxima``: the R5 row max, the
   reference max over keys with a non-zero V row, the non-finite V flag) -> ``ref``, ``e_l``;
@@ -17,11 +17,18 @@ as ``attention``'s forward kernel, whose tile pieces it calls:
   int32) folded into int64 and rounded once; ``dS = RN32(pn * RN32(dP - D))``; both cast to q's
   dtype (NaN at the allowed pairs of a bad row) and stored into the batch's zeroed buffers.
 
+``grad_q`` and ``grad_kv`` (dQ = scale dS K, dK = scale dS^T Q, dV = pn^T dO) are
+``_abw_product_kernel``, one launch per product over every KV head of the batch: the row exponents
+of both operands over all of K, then twelve int8 digit products per K tile (the dS / pn operand's
+28-bit grid in four digits, the K / Q / dO operand's 21-bit grid in three, made in registers from
+the bf16/fp16 tensors through any strides) into six int32 levels (exact over the contract's
+65 535-term reductions), one int64 fold and one rounding with the scale's significand.
+
 Every sum is an integer sum and every step is per row or per pair, so the bits are those of the
-generic step (the conformance suite checks both against the golden hashes). Why: the generic step
-is ~1.6 k torch operations a batch (``tools/attention_backward_ops.py``), each ~10 us of host time
-on the H200 (profile at e028916, 1 layer, 2 x 64 tokens: 85 ms of host time in this backward
-against 2.5 ms of kernels).
+generic steps (the conformance suite checks both against the golden hashes). Why: the generic
+backward is ~2.3 k torch operations a batch (``tools/attention_backward_ops.py``), each ~10 us of
+host time on the H200 (profile at e028916, 1 layer, 2 x 64 tokens: 85 ms of host time in this
+backward against 2.5 ms of kernels; 25 ms with the dS kernel alone at f89c4f6).
 """
 
 from __future__ import annotations
@@ -33,9 +40,15 @@ import triton.language as tl
 from rlkernel.backends.generic import attention_backward as _generic
 
 from . import _tl_exact as E
+from . import attention as _attention
 from ._common import LAUNCH, OUT_CODE, f32_bits
 from .attention import _p_tile, _pass_maxima, _q_rows, _row_digits, _score_tile, _tiles
 from .targets import TritonTarget
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps) of the gradient products (six int32 level tiles live in registers)
+PRODUCT_TILE = (32, 64, 32, 4)
+#: under the interpreter's small tiles: several tiles of M, N and K
+PRODUCT_SMALL_TILE = (16, 16, 32, 1)
 
 
 @triton.jit
@@ -158,6 +171,73 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         tl.store(bad_ptr + row_out, bad.to(tl.int8), mask=q_ok)
 
 
+@triton.jit
+def _abw_product_kernel(x_ptr, w_ptr, y_ptr, sx_b, sx_m, sx_k, sw_b, sw_n, sw_k, M, N, K, m_scale, k_scale,
+                        OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One ``[BLOCK_M, BLOCK_N]`` tile of ``y[b] = RN_OUT(m 2**ks X[b] @ W[b].T)``: X rows on 28-bit grids
+    (four int8 digits), W rows on 21-bit grids (three), both made in registers from the bf16/fp16
+    operands (any strides); y ``[B, M, N]`` contiguous, NaN rows where an X row holds NaN/inf."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    xp = x_ptr + b * sx_b + rm.to(tl.int64)[:, None] * sx_m
+    wp = w_ptr + b * sw_b + rn.to(tl.int64)[:, None] * sw_n
+    # the row exponents (P1 of the largest finite magnitude over all of K) and X's non-finite rows
+    xtop = tl.zeros([BLOCK_M], tl.int32)
+    xbad = tl.zeros([BLOCK_M], tl.int32)
+    wtop = tl.zeros([BLOCK_N], tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = (k0 + rk).to(tl.int64)
+        k_ok = kk < K
+        x = E.upcast(tl.load(xp + kk[None, :] * sx_k, mask=m_ok[:, None] & k_ok[None, :], other=0.0))
+        w = E.upcast(tl.load(wp + kk[None, :] * sw_k, mask=n_ok[:, None] & k_ok[None, :], other=0.0))
+        xfin = E.is_finite(x)
+        xtop = tl.maximum(xtop, tl.max(tl.where(xfin, E.abs_bits(x), 0), axis=1))
+        xbad = tl.maximum(xbad, tl.max((~xfin).to(tl.int32), axis=1))
+        wtop = tl.maximum(wtop, tl.max(tl.where(E.is_finite(w), E.abs_bits(w), 0), axis=1))
+    ex = E.expo_from_abs_bits(xtop)
+    ew = E.expo_from_abs_bits(wtop)
+    # the exact product: 12 int8 digit products into six int32 levels (each below 3 * 64**2 * K < 2**31
+    # for K <= 65535), folded into int64 once
+    z = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l0, l1, l2, l3, l4, l5 = z, z, z, z, z, z
+    for k0 in range(0, K, BLOCK_K):
+        kk = (k0 + rk).to(tl.int64)
+        k_ok = kk < K
+        x = E.upcast(tl.load(xp + kk[None, :] * sx_k, mask=m_ok[:, None] & k_ok[None, :], other=0.0))
+        w = E.upcast(tl.load(wp + kk[None, :] * sw_k, mask=n_ok[:, None] & k_ok[None, :], other=0.0))
+        a0, a1, a2, a3 = E.split4(E.grid_int_bits(x, ex[:, None], 27))
+        b0, b1, b2 = E.split3(E.grid_int_bits(w, ew[:, None], 20))
+        b0 = tl.trans(b0)
+        b1 = tl.trans(b1)
+        b2 = tl.trans(b2)
+        l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+        l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+        l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+        l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+        l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+        l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+        l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+        l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+        l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
+        l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+        l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
+        l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+    c = _fold6(l0, l1, l2, l3, l4, l5)
+    # RN_OUT(m c 2**(ex + ew - 47 + ks)): c = hi 2**32 + lo, each limb times m exactly, one rounding
+    hi = (c >> 32) * m_scale
+    lo = (c & 4294967295) * m_scale
+    y = E.int2_to_out(hi, lo, 32, ex[:, None] + ew[None, :] - 47 + k_scale, OUT)
+    y = tl.where((xbad != 0)[:, None], E.canonical_nan_f32(y), y)
+    yp = y_ptr + (b * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
+    tl.store(yp, E.cast_out(y, OUT), mask=m_ok[:, None] & n_ok[None, :])
+
+
 class TritonSteps(_generic.Steps):
     """The generic backward with its dS / pn step on ``_abw_ds_kernel``, for one target."""
 
@@ -188,6 +268,36 @@ class TritonSteps(_generic.Steps):
             num_warps=warps, num_stages=self.target.attention_stages, **LAUNCH)
         return dsr, pr, bad.view(torch.bool)
 
+    def _product(self, x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, scale: tuple[int, int]) -> torch.Tensor:
+        """``RN_dtype(m 2**ks x @ w.T)`` per batch entry of x ``[B, M, K]`` and w ``[B, N, K]`` (any strides):
+        ``[B, M, N]`` in dtype, NaN rows where an x row holds NaN/inf (the generic ``_grad_product``)."""
+        nb, m, k = x.shape
+        n = w.shape[1]
+        y = torch.empty((nb, m, n), dtype=dtype, device=x.device)
+        if y.numel() == 0:
+            return y
+        bm, bn, bk, warps = PRODUCT_SMALL_TILE if _attention.SMALL_TILES else PRODUCT_TILE
+        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), nb)
+        _abw_product_kernel[grid](x, w, y, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1),
+                                  w.stride(2), m, n, k, scale[0], scale[1], OUT=OUT_CODE[dtype], BLOCK_M=bm,
+                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **LAUNCH)
+        return y
+
+    def grad_q(self, ds: torch.Tensor, kk: torch.Tensor, dtype: torch.dtype,
+               parts: tuple[int, int]) -> torch.Tensor:
+        return self._product(ds, kk.transpose(1, 2), dtype, parts)
+
+    def grad_kv(self, ds: torch.Tensor, pr: torch.Tensor, qg: torch.Tensor, do: torch.Tensor, dtype: torch.dtype,
+                parts: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        nh, g, lq, lk = ds.shape
+        d = qg.shape[-1]
+
+        def rows(t: torch.Tensor, cols: int) -> torch.Tensor:  # [nH, G, LQ, C] -> [nH, C, G LQ] (a view)
+            return t.reshape(nh, g * lq, cols).transpose(1, 2)
+
+        return (self._product(rows(ds, lk), rows(qg, d), dtype, parts),
+                self._product(rows(pr, lk), rows(do, d), dtype, (1, 0)))
+
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None = None,
@@ -215,4 +325,12 @@ def static_specs(target: TritonTarget):
     name, _, fn, typed, consts, _ = specs[0]
     specs.append((name, "bf16_d128_noncausal", fn, typed, dict(consts, CAUSAL=False), options))
     specs.append((name, "bf16_d8", fn, typed, dict(consts, BLOCK_D=_tiles(8, 256, target)[2]), options))
+    bm, bn, bk, warps = PRODUCT_TILE
+    product = {name: "i64" for name in ("sx_b", "sx_m", "sx_k", "sw_b", "sw_n", "sw_k")}
+    product.update({"M": "i32", "N": "i32", "K": "i32", "m_scale": "i32", "k_scale": "i32", "OUT": "constexpr",
+                    "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"})
+    for dt, out in (("bf16", 1), ("fp16", 2)):
+        specs.append(("attention_backward", f"{dt}_products", _abw_product_kernel,
+                      dict(product, x_ptr=f"*{dt}", w_ptr=f"*{dt}", y_ptr=f"*{dt}"),
+                      {"OUT": out, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, {"num_warps": warps}))
     return specs
