@@ -59,20 +59,29 @@ def _fold6(l0, l1, l2, l3, l4, l5):
 
 
 @triton.jit
-def _dot12(a0, a1, a2, a3, b0, b1, b2):
-    """Exact int64 ``A @ B`` from four int8 digits of A ``[M, K]`` and three of B ``[K, N]``."""
-    l0 = tl.dot(a0, b0, out_dtype=tl.int32)
-    l1 = tl.dot(a0, b1, out_dtype=tl.int32)
+def _levels12(a0, a1, a2, a3, b0, b1, b2, l0, l1, l2, l3, l4, l5):
+    """Four int8 digits of A ``[M, K]`` times three of B ``[K, N]``: the twelve digit products added to
+    the six int32 levels (level k holds the products of digits i + j = k)."""
+    l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+    l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
     l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-    l2 = tl.dot(a0, b2, out_dtype=tl.int32)
+    l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
     l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
     l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-    l3 = tl.dot(a1, b2, out_dtype=tl.int32)
+    l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
     l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
     l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
-    l4 = tl.dot(a2, b2, out_dtype=tl.int32)
+    l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
     l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
-    l5 = tl.dot(a3, b2, out_dtype=tl.int32)
+    l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+    return l0, l1, l2, l3, l4, l5
+
+
+@triton.jit
+def _dot12(a0, a1, a2, a3, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
+    """Exact int64 ``A @ B`` from four int8 digits of A ``[BM, K]`` and three of B ``[K, BN]``."""
+    z = tl.zeros([BM, BN], tl.int32)
+    l0, l1, l2, l3, l4, l5 = _levels12(a0, a1, a2, a3, b0, b1, b2, z, z, z, z, z, z)
     return _fold6(l0, l1, l2, l3, l4, l5)
 
 
@@ -86,6 +95,21 @@ def _row_grid(x_ptr, t, hh, q_ok, s_t, s_h, rd, d_ok, BITS: tl.constexpr):
     e = E.expo_from_abs_bits(tl.max(tl.where(fin, E.abs_bits(x), 0), axis=1))
     bad = tl.max((~fin).to(tl.int32), axis=1) != 0
     return E.grid_int_bits(x, e[:, None], BITS), e, bad
+
+
+@triton.jit
+def _key_tile(k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key tile at ``j0`` of the q rows: (positions, in-sequence mask, key rows, allowed pairs,
+    ``p = exp_c(s - ref)`` (0 where not allowed or NaN), NaN-p row flags)."""
+    pos = j0 + rn
+    pos_ok = pos < lk
+    rows = (k0 + pos).to(tl.int64)
+    s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                    BLOCK_M, BLOCK_N)
+    allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+    p, pbad = _p_tile(s, allowed, ref)
+    return pos, pos_ok, rows, allowed, p, pbad
 
 
 @triton.jit
@@ -124,13 +148,9 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         big_l = tl.zeros([BLOCK_M], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
         for j0 in range(0, kv_end, BLOCK_N):
-            pos = j0 + rn
-            pos_ok = pos < lk
-            rows = (k0 + pos).to(tl.int64)
-            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                            BLOCK_M, BLOCK_N)
-            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            p, tbad = _p_tile(s, allowed, ref)
+            pos, pos_ok, rows, allowed, p, tbad = _key_tile(
+                k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
+                BLOCK_M, BLOCK_N)
             big_l += tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
             pbad = tl.maximum(pbad, tbad)
         den = E.int64_to_out(big_l, e_l - 40, 0)
@@ -147,18 +167,15 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         # ---- pass 3: pn, dP, dS per key tile, stored in q's dtype ---------------------------------
         row_out = ((i * n_heads + gl) * group + hh % group).to(tl.int64) * LQ + qi  # [M] rows of [n H G, LQ]
         for j0 in range(0, kv_end, BLOCK_N):
-            pos = j0 + rn
-            pos_ok = pos < lk
-            rows = (k0 + pos).to(tl.int64)
-            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                            BLOCK_M, BLOCK_N)
-            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            p, tbad = _p_tile(s, allowed, ref)
+            pos, pos_ok, rows, allowed, p, _ = _key_tile(
+                k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
+                BLOCK_M, BLOCK_N)
             pn = tl.math.div_rn(p, den[:, None])
             vt = E.upcast(tl.load(v_ptr + rows[None, :] * sv_t + g * sv_h + rd[:, None],
                                   mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
             ev, v_bad, v_zero, b0, b1, b2 = _row_digits(vt, 0)
-            dp = E.int64_to_out(_dot12(a0, a1, a2, a3, b0, b1, b2), e_do[:, None] + ev[None, :] - 47, 0)
+            c = _dot12(a0, a1, a2, a3, b0, b1, b2, BLOCK_M, BLOCK_N)
+            dp = E.int64_to_out(c, e_do[:, None] + ev[None, :] - 47, 0)
             ds = pn * (dp - delta[:, None])
             keep = allowed & ~bad[:, None]
             nan = E.canonical_nan_f32(ds)
@@ -213,21 +230,8 @@ def _abw_product_kernel(x_ptr, w_ptr, y_ptr, sx_b, sx_m, sx_k, sw_b, sw_n, sw_k,
         w = E.upcast(tl.load(wp + kk[None, :] * sw_k, mask=n_ok[:, None] & k_ok[None, :], other=0.0))
         a0, a1, a2, a3 = E.split4(E.grid_int_bits(x, ex[:, None], 27))
         b0, b1, b2 = E.split3(E.grid_int_bits(w, ew[:, None], 20))
-        b0 = tl.trans(b0)
-        b1 = tl.trans(b1)
-        b2 = tl.trans(b2)
-        l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
-        l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
-        l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-        l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
-        l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
-        l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-        l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
-        l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
-        l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
-        l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
-        l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
-        l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+        l0, l1, l2, l3, l4, l5 = _levels12(a0, a1, a2, a3, tl.trans(b0), tl.trans(b1), tl.trans(b2),
+                                           l0, l1, l2, l3, l4, l5)
     c = _fold6(l0, l1, l2, l3, l4, l5)
     # RN_OUT(m c 2**(ex + ew - 47 + ks)): c = hi 2**32 + lo, each limb times m exactly, one rounding
     hi = (c >> 32) * m_scale
