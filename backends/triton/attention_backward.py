@@ -112,7 +112,9 @@ def _key_tile(k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, 
     return pos, pos_ok, rows, allowed, p, pbad
 
 
-@triton.jit
+# the per-batch sizes are never specialised: each value (divisible by 16 or not, equal to 1 or not)
+# would be a compile of its own (~15-20 s each on the H200: a cold conformance run timed out on them)
+@triton.jit(do_not_specialize=["g0", "n_heads", "LQ", "LK"])
 def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, bad_ptr,
                    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, so_t, so_h,
                    g0, n_heads, LQ, LK, D, group, scale_bits,
@@ -188,7 +190,8 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         tl.store(bad_ptr + row_out, bad.to(tl.int8), mask=q_ok)
 
 
-@triton.jit
+# sizes, strides and the scale are never specialised (see _abw_ds_kernel): a compile per dtype
+@triton.jit(do_not_specialize=["sx_b", "sx_m", "sx_k", "sw_b", "sw_n", "sw_k", "M", "N", "K", "m_scale", "k_scale"])
 def _abw_product_kernel(x_ptr, w_ptr, y_ptr, sx_b, sx_m, sx_k, sw_b, sw_n, sw_k, M, N, K, m_scale, k_scale,
                         OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One ``[BLOCK_M, BLOCK_N]`` tile of ``y[b] = RN_OUT(m 2**ks X[b] @ W[b].T)``: X rows on 28-bit grids
