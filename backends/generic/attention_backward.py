@@ -226,10 +226,12 @@ def _padded_rows(t: torch.Tensor, spans: list[tuple[int, int]], length: int, fir
 
 
 class Steps:
-    """The step of the backward that a backend may run as kernels: the forward's probabilities
-    recomputed, ``D``, ``dP`` and ``dS`` of a batch of sequences and KV heads (every one of them
-    ``[n H, G, LQ, LK]``, the largest tensors of the backward). These are the device-generic torch
-    steps; the row exponents of the pack's five inputs are made once, on the first batch."""
+    """The steps of the backward that a backend may run as kernels, per batch of sequences and KV
+    heads: ``ds_and_p`` (the forward's probabilities recomputed, ``D``, ``dP`` and ``dS``: every one
+    ``[n H, G, LQ, LK]``, the largest tensors of the backward) and the gradient products ``grad_q``
+    and ``grad_kv``. These are the device-generic torch steps (the cuda/rocm backends' Triton ones:
+    ``backends/triton/attention_backward.py``); the row exponents of the pack's five inputs are made
+    once, on the first batch."""
 
     def __init__(self) -> None:
         self._exps: tuple[torch.Tensor, ...] | None = None
@@ -387,7 +389,8 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def backward_with(steps: Steps, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, scale: float | None,
                   causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`attention_backward` with the dS / pn step of ``steps`` (a backend's kernels, same bits)."""
+    """:func:`attention_backward` with the steps of ``steps`` (a backend's kernels, same bits): the
+    batching, the checks and the scatter of each batch's gradients are this module's."""
     dev, dtype = q.device, q.dtype
     tq, hq, d = q.shape
     tk, hkv = k.shape[0], k.shape[1]

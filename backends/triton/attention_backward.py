@@ -246,7 +246,8 @@ def _abw_product_kernel(x_ptr, w_ptr, y_ptr, sx_b, sx_m, sx_k, sw_b, sw_n, sw_k,
 
 
 class TritonSteps(_generic.Steps):
-    """The generic backward with its dS / pn step on ``_abw_ds_kernel``, for one target."""
+    """The generic backward's steps on this module's kernels (``_abw_ds_kernel``,
+    ``_abw_product_kernel``), for one target."""
 
     def __init__(self, target: TritonTarget) -> None:
         super().__init__()
