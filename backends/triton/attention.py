@@ -129,6 +129,22 @@ def _q_rows(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
+def _q_block(q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_D: tl.constexpr):
+    """``_q_rows`` of block ``mb`` plus each row's last allowed key and the end of the keys the block
+    needs (bottom-right causal, or every key)."""
+    qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
+        q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
+    if CAUSAL:
+        limit = lk - lq + qi  # last allowed key per row
+        kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
+    else:
+        limit = qi * 0 + lk - 1
+        kv_end = lk
+    return qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, limit, kv_end
+
+
+@triton.jit
 def _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Scores [BLOCK_M, BLOCK_N] of the q rows against key rows ``rows`` (NaN for non-finite rows)."""
@@ -259,14 +275,8 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
         lk = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
     if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
-        qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
-            q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
-        if CAUSAL:
-            limit = lk - lq + qi  # last allowed key per row
-            kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
-        else:
-            limit = qi * 0 + lk - 1
-            kv_end = lk
+        qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, limit, kv_end = _q_block(
+            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D)
         rn = tl.arange(0, BLOCK_N)
 
         # ---- pass 1: R5 max of the scores, E = max V exponent, non-finite V rows -------------

@@ -42,7 +42,7 @@ from rlkernel.backends.generic import attention_backward as _generic
 from . import _tl_exact as E
 from . import attention as _attention
 from ._common import LAUNCH, OUT_CODE, f32_bits
-from .attention import _p_tile, _pass_maxima, _q_rows, _row_digits, _score_tile, _tiles
+from .attention import _p_tile, _pass_maxima, _q_block, _row_digits, _score_tile, _tiles
 from .targets import TritonTarget
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps) of the gradient products (six int32 level tiles live in registers)
@@ -130,14 +130,8 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
     lk = tl.load(seq_ptr + 4 * i + 3) - k0
     if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
-        qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
-            q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
-        if CAUSAL:
-            limit = lk - lq + qi  # last allowed key per row
-            kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
-        else:
-            limit = qi * 0 + lk - 1
-            kv_end = lk
+        qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, limit, kv_end = _q_block(
+            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D)
         rn = tl.arange(0, BLOCK_N)
         dummy = seq_ptr
 
