@@ -14,7 +14,8 @@ Two ways to receive the gradient:
   as usual. A second ``backward()`` adds to ``.grad`` in that dtype (PyTorch's accumulation):
   fine for one batch, not micro-batch invariant.
 - :class:`ExactGradients` (the trainer's): every parameter carries an int64 state
-  ``param.exact_grad`` [*shape, 20]; ``weight_grad`` merges its terms into it and returns None,
+  ``param.exact_grad`` [*shape, 20] (:data:`EMPTY` until its first deposit, which writes the state
+  instead of adding to a zero-filled one); ``weight_grad`` merges its terms into it and returns None,
   so any number of ``backward()`` calls (micro-batches, tied weights used twice) add exactly;
   :meth:`ExactGradients.finish` rounds each state once into ``param.main_grad`` (fp32, the name
   Megatron uses for its fp32 gradient buffer), which :class:`rlkernel.rl.AdamW`/``SGD`` read
@@ -36,8 +37,23 @@ import torch
 
 from rlkernel.ops.exact_sum import exact_sum_accumulate, exact_sum_finish, exact_sum_merge, exact_sum_partial
 
-__all__ = ["ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units",
+__all__ = ["EMPTY", "ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units",
            "units_per_group", "weight_grad"]
+
+
+class _Empty:
+    """The type of :data:`EMPTY`."""
+
+    def __repr__(self) -> str:
+        return "rlkernel.grads.EMPTY"
+
+
+#: ``param.exact_grad`` of an :class:`ExactGradients` parameter before its first deposit: the state of
+#: an empty sum, not yet in memory. The first deposit writes the state (``exact_sum_partial`` of its
+#: terms, or the deposited state itself), which is the canonical state that zero fill + accumulate
+#: would leave (contract ``exact_sum``: one canonical state per exact sum), without the 160 bytes a
+#: parameter of zero fill and the read of them (the LM head's state: 25 GB, ~12 ms a step on the H200).
+EMPTY = _Empty()
 
 _UNITS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("rlkernel_units", default=None)
 
@@ -111,18 +127,17 @@ def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | 
     and every use of a tied weight adds exactly.
     """
     if index is None:
-        acc = getattr(param, "exact_grad", None)
-        if acc is None:
+        if getattr(param, "exact_grad", None) is None:
             return exact_sum_finish(exact_sum_partial(terms)).to(param.dtype)
-        exact_sum_accumulate(acc, terms.to(acc.device))  # in place: no second state in memory
+        _accumulate_terms(param, terms)
         return None
     rows, local = torch.unique(index, return_inverse=True)  # only the rows some term names
     part = exact_sum_partial(terms, local, int(rows.shape[0]))
-    acc = getattr(param, "exact_grad", None)
-    if acc is None:
+    if getattr(param, "exact_grad", None) is None:
         full = torch.zeros(param.shape, dtype=torch.float32, device=part.device)
         full[rows] = exact_sum_finish(part)
         return full.to(param.dtype)
+    acc = _state(param)  # rows scattered into a whole state: an empty one is zero-filled first
     for r0 in range(0, rows.shape[0], _rows_per_step(acc)):
         r = rows[r0:r0 + _rows_per_step(acc)]
         acc[r] = exact_sum_merge(torch.stack([acc[r], part[r0:r0 + r.shape[0]].to(acc.device)]))
@@ -152,12 +167,40 @@ def merge_into(state: torch.Tensor, part: torch.Tensor) -> None:
 
 
 def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
-    """:func:`weight_grad` for terms already summed into an exact state (int64 [*param.shape, 20])."""
-    acc = getattr(param, "exact_grad", None)
-    if acc is None:
+    """:func:`weight_grad` for terms already summed into an exact state (int64 [*param.shape, 20]).
+
+    With an accumulator the state is merged into it, or becomes it when the accumulator is still
+    :data:`EMPTY` (the caller gives the state up: it must not write to it afterwards).
+    """
+    if getattr(param, "exact_grad", None) is None:
         return exact_sum_finish(state).to(param.dtype)
-    merge_into(acc, state)
+    _merge_state(param, state)
     return None
+
+
+def _accumulate_terms(param: torch.Tensor, terms: torch.Tensor) -> None:
+    """``param.exact_grad += terms`` exactly, in place; an :data:`EMPTY` accumulator becomes the terms' state."""
+    acc = param.exact_grad  # type: ignore[attr-defined]
+    if acc is EMPTY:
+        param.exact_grad = exact_sum_partial(terms.to(param.device))  # type: ignore[attr-defined]
+    else:
+        exact_sum_accumulate(acc, terms.to(acc.device))  # in place: no second state in memory
+
+
+def _merge_state(param: torch.Tensor, part: torch.Tensor) -> None:
+    """``param.exact_grad = merge(param.exact_grad, part)``; an :data:`EMPTY` accumulator takes ``part``."""
+    if param.exact_grad is EMPTY:  # type: ignore[attr-defined]
+        param.exact_grad = part.to(param.device)  # type: ignore[attr-defined]
+    else:
+        merge_into(param.exact_grad, part)  # type: ignore[attr-defined]
+
+
+def _state(param: torch.Tensor) -> torch.Tensor:
+    """``param.exact_grad`` as a tensor: an :data:`EMPTY` one becomes the zero-filled empty state."""
+    if param.exact_grad is EMPTY:  # type: ignore[attr-defined]
+        param.exact_grad = torch.zeros((*param.shape, 20), dtype=torch.int64,  # type: ignore[attr-defined]
+                                       device=param.device)
+    return param.exact_grad  # type: ignore[attr-defined]
 
 
 #: Elements of per-unit fp32 terms held at once before they are accumulated (small weights) ...
@@ -189,9 +232,8 @@ class UnitStates:
     def add_terms(self, terms: torch.Tensor) -> None:
         """Add fp32 terms ``[S, *param.shape]`` (one per unit) exactly: :func:`exact_sum_accumulate` into
         the accumulator (or the local state) in place, so no second state is formed."""
-        acc = getattr(self.param, "exact_grad", None)
-        if acc is not None:
-            exact_sum_accumulate(acc, terms.to(acc.device))
+        if getattr(self.param, "exact_grad", None) is not None:
+            _accumulate_terms(self.param, terms)
         elif self.state is None:
             self.state = exact_sum_partial(terms)
         else:
@@ -199,9 +241,8 @@ class UnitStates:
 
     def add(self, part: torch.Tensor) -> None:
         """Add one unit's state (int64 ``[*param.shape, 20]``)."""
-        acc = getattr(self.param, "exact_grad", None)
-        if acc is not None:
-            merge_into(acc, part)
+        if getattr(self.param, "exact_grad", None) is not None:
+            _merge_state(self.param, part)
         elif self.state is None:
             self.state = part
         else:
@@ -222,12 +263,12 @@ class ExactGradients:
     Parameters
     ----------
     params : iterable of Tensor
-        Parameters that require grad. Each gets ``exact_grad`` (int64 [*shape, 20], zeros) and,
-        after :meth:`finish`, ``main_grad`` (fp32).
+        Parameters that require grad. Each gets ``exact_grad`` (:data:`EMPTY`, an int64
+        [*shape, 20] state from its first deposit on) and, after :meth:`finish`, ``main_grad`` (fp32).
 
     Notes
     -----
-    Memory: 160 bytes per parameter element while accumulating (the P10 state), on the
+    Memory: 160 bytes per parameter element from its first deposit to :meth:`zero` (the P10 state), on the
     parameter's device. As with Megatron's ``main_grad`` fusion, a weight's gradient is
     deposited whenever the op's backward runs: ``torch.autograd.grad`` with respect to
     activations only still adds to the accumulators of the weights on the way. Every parameter
@@ -241,9 +282,9 @@ class ExactGradients:
         self.zero()
 
     def zero(self) -> None:
-        """Empty every accumulator (the start of a global batch)."""
+        """Empty every accumulator (the start of a global batch): :data:`EMPTY`, no memory until a deposit."""
         for p in self.params:
-            p.exact_grad = torch.zeros((*p.shape, 20), dtype=torch.int64, device=p.device)  # type: ignore[attr-defined]
+            p.exact_grad = EMPTY  # type: ignore[attr-defined]
             p.main_grad = None  # type: ignore[attr-defined]
             p.grad = None
 
@@ -261,10 +302,14 @@ class ExactGradients:
                 raise RuntimeError(f"ExactGradients: a parameter of shape {tuple(p.shape)} received a .grad through "
                                    f"plain autograd (an op without an exact weight gradient used it); its sum "
                                    f"would not be exact. Use rlkernel ops for every use of the parameter")
-            state = p.exact_grad  # type: ignore[attr-defined]
             group = getattr(p, "grad_reduce_group", None)
-            if group is not None:
-                state = all_reduce_exact(state.clone(), "sum", group)  # canonical limbs < 2**16: no overflow
+            if group is not None:  # every rank joins the all-reduce, with an empty state if it has no deposit
+                state = all_reduce_exact(_state(p).clone(), "sum", group)  # canonical limbs < 2**16: no overflow
+            elif p.exact_grad is EMPTY:  # type: ignore[attr-defined]
+                p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)  # type: ignore[attr-defined]
+                continue  # RN32 of the empty sum: +0.0 (contract exact_sum)
+            else:
+                state = p.exact_grad  # type: ignore[attr-defined]
             p.main_grad = exact_sum_finish(state)  # type: ignore[attr-defined]
 
     def remove(self) -> None:

@@ -86,6 +86,41 @@ def test_tied_weight_two_uses_add_exactly() -> None:
     assert run("embedding-first") == graph
 
 
+def test_first_deposit_writes_the_state_a_zero_filled_one_would_hold() -> None:
+    """An accumulator starts EMPTY (no zero fill); its first deposit writes the state. The finished
+    gradients are the bits of accumulators that start zero-filled, for every way a deposit arrives:
+    per-unit terms (linear, the LM head), scattered rows (embedding, tied with the LM head), a bias's
+    token terms, and no deposit at all (+0.0)."""
+    g = torch.Generator().manual_seed(5)
+    cu = [0, 3, 4, 9]
+    x = torch.randn(9, 16, generator=g).bfloat16()
+    w = torch.randn(12, 16, generator=g).bfloat16().requires_grad_()
+    b = torch.randn(12, generator=g).bfloat16().requires_grad_()
+    head = torch.randn(40, 12, generator=g).bfloat16().requires_grad_()  # tied: embedding and LM head
+    unused = torch.randn(5, 3, generator=g).bfloat16().requires_grad_()
+    ids = torch.randint(0, 40, (9,), generator=g)
+    targets = torch.randint(0, 40, (9,), generator=g)
+    params = [w, b, head, unused]
+
+    def run(zero_filled: bool) -> list[bytes]:
+        acc = grads.ExactGradients(params)
+        assert all(p.exact_grad is grads.EMPTY for p in params)
+        if zero_filled:
+            for p in params:
+                p.exact_grad = torch.zeros((*p.shape, 20), dtype=torch.int64)
+        with grads.sequence_units(cu):
+            h = rk.linear(x, w, b) + rk.embedding(ids, head)
+            rk.token_logprobs(h, head, targets).sum().backward()
+        acc.finish()
+        out = [_bits(p.main_grad) for p in params]
+        acc.remove()
+        return out
+
+    lazy = run(zero_filled=False)
+    assert lazy == run(zero_filled=True)
+    assert lazy[3] == _bits(torch.zeros(5, 3))
+
+
 def test_exact_gradients_refuse_plain_autograd_grads() -> None:
     w = torch.randn(4, 4).requires_grad_()
     acc = grads.ExactGradients([w])
