@@ -14,7 +14,10 @@ version that read slots by reductions over a ``[R, 32]`` tile was at 58x.)
 
 - ``_partial_kernel``: the terms ``[S, n]`` of ``R`` elements, one term row at a time, decomposed
   (``_tl_superacc.term_limbs``) into raw int64 limb sums (exact for ``CHUNK`` = 2**22 terms,
-  contributions < 2**39), made canonical once per chunk; the specials counted.
+  contributions < 2**39), made canonical once per chunk; the specials counted. With few elements
+  and many terms (a norm's gain: 128 elements, 8192 terms a step) the terms split over grid axis 1
+  (:func:`_splits`) and ``_merge_kernel`` adds the splits' states: one serial chain per element was
+  ~1 ms a call on the H100.
 - ``_merge_kernel``: the ``K`` states of each element, each made canonical, added slot by slot,
   made canonical (the canonical form is unique per value, so this is the generic code's state).
 - ``_accumulate_kernel``: the trainer's step per sequence unit, in place: each element's state
@@ -30,6 +33,8 @@ device-generic code and is reported as ``[torch-exact]``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -52,6 +57,12 @@ ROWS, WARPS = 32, 1
 MAX_FLAT = (1 << 31) - 1
 #: the variant reported where the device-generic torch code runs (the scatter form)
 GENERIC_VARIANT = "torch-exact"
+#: below this many programs (``n / R``) a partial sum splits its terms over grid axis 1 and merges the
+#: splits' states (the norms' gains: 128-1024 elements, thousands of terms a step; one program per
+#: 32 elements ran each element's terms in one serial chain: ~15 ms of a 4-layer trainer step on the H100)
+SPLIT_PROGRAMS = 1024
+#: fewest terms a split sums
+SPLIT_MIN_TERMS = 16
 #: test hook: 4 elements per program and a normalisation every 4 terms, so the chunk loop, the
 #: masks and several programs run at small sizes
 SMALL_TILES = False
@@ -226,12 +237,19 @@ def _load_canonical(p, e, ok, R: tl.constexpr):
 
 
 @triton.jit
-def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, SPLIT_TERMS, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
     """States of ``R`` elements of the terms ``[S_TERMS, n]`` (fp32) summed over axis 0: each term's
     signed limb contribution added to its limb (int64 sums, exact for ``CHUNK_TERMS`` terms), the
-    limbs made canonical once per chunk, the specials counted."""
+    limbs made canonical once per chunk, the specials counted.
+
+    Grid axis 1 splits the terms: program ``(i, j)`` sums terms ``[j * SPLIT_TERMS, (j + 1) *
+    SPLIT_TERMS)`` into the states ``out[j]`` (``[n, 20]`` each; one split: ``SPLIT_TERMS = S_TERMS``)."""
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
+    j = tl.program_id(1)
+    t_ptr += j.to(tl.int64) * SPLIT_TERMS * n
+    out_ptr += j.to(tl.int64) * n * 20
+    S_TERMS = tl.minimum(S_TERMS - j * SPLIT_TERMS, SPLIT_TERMS)
     z = tl.zeros([R], tl.int64)
     l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
     l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
@@ -470,6 +488,32 @@ def _blocks(op: str, n: int, per_element: int) -> list[tuple[int, int]]:
     return [(e0, min(n, e0 + step)) for e0 in range(0, n, step)]
 
 
+def _splits(n: int, s: int) -> int:
+    """Term splits of a partial sum over ``s`` terms of ``n`` elements: 1 when the element programs fill
+    the device, else up to ~sqrt(s) (each program sums s / splits terms, then one merge program per
+    element tile adds the splits' states: its chain is ~splits long), within ``SPLIT_PROGRAMS``."""
+    programs = cdiv(n, _tiles()[0])
+    if programs >= SPLIT_PROGRAMS or s < 2 * SPLIT_MIN_TERMS:
+        return 1
+    return max(1, min(cdiv(s, SPLIT_MIN_TERMS), math.isqrt(s), SPLIT_PROGRAMS // programs))
+
+
+def _partial_launch(t: torch.Tensor, out: torch.Tensor, n: int, splits: int) -> None:
+    """``out[j]`` (int64 ``[splits, n, 20]``, or ``[n, 20]`` for one split) = the states of the terms
+    ``t [S, n]`` (contiguous fp32) of split ``j``, in element blocks within the int32 limits."""
+    r, chunk = _tiles()
+    per = cdiv(t.shape[0], splits)
+    blocks = _blocks("exact_sum_partial", n, t.shape[0])
+    o = out.view(splits, n, SLOTS)
+    for e0, e1 in blocks:
+        tb = t if len(blocks) == 1 else t[:, e0:e1].contiguous()
+        ob = o if len(blocks) == 1 else torch.empty((splits, e1 - e0, SLOTS), dtype=torch.int64, device=t.device)
+        _partial_kernel[(cdiv(e1 - e0, r), splits)](tb, ob, t.shape[0], e1 - e0, per, CHUNK_TERMS=chunk, R=r,
+                                                    num_warps=WARPS, **LAUNCH)
+        if ob is not o:
+            o[:, e0:e1] = ob
+
+
 def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
                       num_rows: int | None = None) -> torch.Tensor:
     """Kernel ``exact_sum_partial``: canonical int64 states ``[*E, 20]`` of the fp32 terms ``[S, *E]``
@@ -483,13 +527,13 @@ def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
     if n == 0:
         return out
     t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
-    o = out.view(n, SLOTS)
-    r, chunk = _tiles()
-    blocks = _blocks("exact_sum_partial", n, t.shape[0])
-    for e0, e1 in blocks:
-        tb = t if len(blocks) == 1 else t[:, e0:e1].contiguous()
-        _partial_kernel[(cdiv(e1 - e0, r),)](tb, o[e0:e1], t.shape[0], e1 - e0, CHUNK_TERMS=chunk, R=r,
-                                             num_warps=WARPS, **LAUNCH)
+    splits = _splits(n, t.shape[0])
+    if splits == 1:
+        _partial_launch(t, out, n, 1)
+        return out
+    parts = torch.empty((splits, n, SLOTS), dtype=torch.int64, device=t.device)
+    _partial_launch(t, parts, n, splits)
+    _merge_launch(parts, out.view(n, SLOTS), n)
     return out
 
 
@@ -501,14 +545,17 @@ def exact_sum_merge(states: torch.Tensor) -> torch.Tensor:
         return out
     if states.shape[0] == 0:
         return out.zero_()
-    s = states.contiguous().reshape(states.shape[0], n, SLOTS)
-    o = out.view(n, SLOTS)
+    _merge_launch(states.contiguous().reshape(states.shape[0], n, SLOTS), out.view(n, SLOTS), n)
+    return out
+
+
+def _merge_launch(s: torch.Tensor, o: torch.Tensor, n: int) -> None:
+    """``o`` (int64 ``[n, 20]``) = the canonical state of the ``K`` states ``s [K, n, 20]`` (contiguous)."""
     r = _tiles()[0]
     blocks = _blocks("exact_sum_merge", n, s.shape[0] * SLOTS)
     for e0, e1 in blocks:
         sb = s if len(blocks) == 1 else s[:, e0:e1].contiguous()
         _merge_kernel[(cdiv(e1 - e0, r),)](sb, o[e0:e1], s.shape[0], e1 - e0, R=r, num_warps=WARPS, **LAUNCH)
-    return out
 
 
 def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
@@ -533,6 +580,13 @@ def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
     st = state if in_place else state.contiguous()
     o = st.view(n, SLOTS)
     t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
+    splits = _splits(n, t.shape[0])
+    if splits > 1:  # few elements, many terms: the splits' states and the state merged (all [n, 20]: small)
+        parts = torch.empty((splits + 1, n, SLOTS), dtype=torch.int64, device=t.device)
+        parts[0] = o
+        _partial_launch(t, parts[1:], n, splits)
+        _merge_launch(parts, o, n)
+        return st
     r, chunk = _tiles()
     blocks = _blocks("exact_sum_accumulate", n, max(t.shape[0], 1))
     for e0, e1 in blocks:
@@ -545,8 +599,8 @@ def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
 def static_specs(target):
     return [
         ("exact_sum_partial", "fp32_terms", _partial_kernel,
-         {"t_ptr": "*fp32", "out_ptr": "*i64", "S_TERMS": "i32", "n": "i64", "CHUNK_TERMS": "constexpr",
-          "R": "constexpr"},
+         {"t_ptr": "*fp32", "out_ptr": "*i64", "S_TERMS": "i32", "n": "i64", "SPLIT_TERMS": "i32",
+          "CHUNK_TERMS": "constexpr", "R": "constexpr"},
          {"CHUNK_TERMS": CHUNK, "R": ROWS}, {"num_warps": WARPS}),
         ("exact_sum_merge", "states", _merge_kernel,
          {"s_ptr": "*i64", "out_ptr": "*i64", "K": "i32", "n": "i64", "R": "constexpr"},
