@@ -9,7 +9,7 @@ limbs), and ``exact_sum_finish`` rounds each exact sum once to fp32. The gradien
 correctly rounded sum of its terms, whatever the order, the grouping and the number of
 micro-batches or ranks the terms came from.
 
-Four ops share this contract:
+Five ops share this contract:
 
 - ``exact_sum_partial(terms, index=None, num_rows=None)``: terms fp32 ``[S, *E]`` summed over
   axis 0 -> int64 ``[*E, 20]``; with ``index`` int64 ``[S]`` (values in ``[0, num_rows)``),
@@ -21,6 +21,9 @@ Four ops share this contract:
 - ``exact_sum_accumulate(state, terms)``: int64 ``[*E, 20]`` and fp32 ``[S, *E]`` -> the canonical
   state of the union, ``merge([state, partial(terms)])``, written into ``state`` (in place: the
   trainer's accumulator of a weight gradient takes a unit's terms with no second state in memory).
+- ``exact_sum_total(terms)``: fp32 ``[S, *E]`` -> fp32 ``[*E]``, ``finish(partial(terms))`` (the
+  gradient of a weight whose terms all arrive at once, without its 160-byte-an-element state in
+  memory).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ CONTRACT = Contract(
         "accumulate": "exact_sum_accumulate(state, terms) = exact_sum_merge([state, exact_sum_partial(terms)]): the "
                       "given state (canonical or not) and the terms' exact sum added slot-wise, returned canonical "
                       "and written into state",
+        "total": "exact_sum_total(terms) = exact_sum_finish(exact_sum_partial(terms)): each element's terms summed "
+                 "exactly over axis 0 and rounded once to fp32",
     },
 )
 
@@ -137,8 +142,14 @@ def accumulate_reference(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
     return merge_reference(torch.stack([state, partial_reference(terms)]))
 
 
+def total_reference(terms: torch.Tensor) -> torch.Tensor:
+    """``exact_sum_total``: ``finish(partial(terms))``, fp32 ``terms.shape[1:]``."""
+    return finish_reference(partial_reference(terms))
+
+
 REFERENCES = {"exact_sum_partial": reference, "exact_sum_merge": merge_reference,
-              "exact_sum_finish": finish_reference, "exact_sum_accumulate": accumulate_reference}
+              "exact_sum_finish": finish_reference, "exact_sum_accumulate": accumulate_reference,
+              "exact_sum_total": total_reference}
 
 
 # --------------------------------------------------------------------------- cases
@@ -177,6 +188,11 @@ def golden_cases() -> list[Case]:
         Case("accumulate_S1_E130", "golden",
              lambda: {"state": _states("acc1", 1, (130,))[0], "terms": _terms("acc1_terms", (1, 130), std=1e3)},
              op="exact_sum_accumulate"),
+        Case("total_S64_E8x16", "golden", lambda: {"terms": _terms("total_S64", (64, 8, 16))}, op="exact_sum_total"),
+        Case("total_S300_E7_spread", "golden", lambda: {"terms": _spread("total_S300", (300, 7))},
+             op="exact_sum_total"),
+        Case("total_S2_E1000", "golden", lambda: {"terms": _terms("total_S2", (2, 1000), std=1e-3)},
+             op="exact_sum_total"),
     ]
     return cases
 
@@ -273,6 +289,15 @@ def adversarial_cases() -> list[Case]:
              lambda: {"state": _states("acc_ncs", 1, (9, 4))[0].transpose(0, 1),
                       "terms": _spread("acc_nct", (9, 4, 3)).permute(2, 1, 0)},
              op="exact_sum_accumulate"),
+        Case("total_ties", "adversarial", _ties, op="exact_sum_total"),
+        Case("total_specials", "adversarial", _specials, op="exact_sum_total"),
+        Case("total_subnormals", "adversarial", _subnormals, op="exact_sum_total"),
+        Case("total_empty_terms", "adversarial", lambda: {"terms": torch.zeros((0, 4, 3))}, op="exact_sum_total"),
+        Case("total_empty_elements", "adversarial", lambda: {"terms": torch.zeros((5, 0))}, op="exact_sum_total"),
+        Case("total_noncontiguous", "adversarial", lambda: {"terms": _spread("total_nc", (9, 12)).T.contiguous().T},
+             op="exact_sum_total"),
+        Case("total_many_terms_few_elements", "adversarial", lambda: {"terms": _spread("total_tall", (500, 3))},
+             op="exact_sum_total"),
     ]
 
 
@@ -328,8 +353,15 @@ def invariance_cases() -> list[InvarianceCase]:
                 act += [state, finished(run, state)]
         return exp, act
 
+    def total_permuted(run: Any) -> tuple[Any, Any]:
+        """The total of the terms in any order is the finished partial."""
+        perm = torch.randperm(96, generator=torch.Generator().manual_seed(8))
+        whole = finished(run, run("exact_sum_partial", terms=terms))
+        return [whole, whole], [run("exact_sum_total", terms=terms), run("exact_sum_total", terms=terms[perm])]
+
     return [
         InvarianceCase("permuted_terms", "permutation", permutation, op="exact_sum_partial"),
+        InvarianceCase("total_permuted", "permutation", total_permuted, op="exact_sum_total"),
         InvarianceCase("reversed_terms", "reduction_order", reduction_order, op="exact_sum_partial"),
         InvarianceCase("micro_batches_merged", "micro_batch", micro_batch, op="exact_sum_partial"),
         InvarianceCase("repeat", "repeat", repeat, op="exact_sum_partial"),
@@ -356,8 +388,9 @@ def _native_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor
 
 def bench_cases() -> list[BenchCase]:
     """A micro-batch's weight-gradient terms: 64 sequence partials of a 1024 x 1024 weight (large),
-    of a 256 x 256 weight (small); the merge of two states of such weights; and one sequence's
-    terms accumulated into such a weight's state (the trainer's step per sequence unit)."""
+    of a 256 x 256 weight (small); the merge of two states of such weights; one sequence's
+    terms accumulated into such a weight's state (the trainer's step per sequence unit); and the
+    total of four units' terms of such a weight."""
     cases = []
     for name, s, n, sizes in (("S64_1024x1024", 64, 1 << 20, ("large",)), ("S64_256x256", 64, 1 << 16, ("small",))):
         def make(device: torch.device, s: int = s, n: int = n) -> dict[str, Any]:
@@ -384,4 +417,12 @@ def bench_cases() -> list[BenchCase]:
 
         cases.append(BenchCase(name=name, make=make_acc, native=_native_accumulate, flops=float(n),
                                bytes=4.0 * n + 2 * 160.0 * n, op="exact_sum_accumulate", sizes=sizes))
+    # a weight's gradient from all its units' terms at once (4 units), against torch's fp32 sum
+    for name, n, sizes in (("total_S4_1024x1024", 1 << 20, ("large",)), ("total_S4_256x256", 1 << 16, ("small",))):
+        def make_total(device: torch.device, n: int = n) -> dict[str, Any]:
+            g = torch.Generator(device=device).manual_seed(3)
+            return {"terms": torch.randn(4, n, generator=g, device=device)}
+
+        cases.append(BenchCase(name=name, make=make_total, native=_native_sum, flops=float(4 * n),
+                               bytes=4.0 * 4 * n + 4.0 * n, op="exact_sum_total", sizes=sizes))
     return cases

@@ -13,9 +13,10 @@ Two ways to receive the gradient:
   rounded once to fp32 and then to the parameter's dtype, and autograd stores it in ``.grad``
   as usual. A second ``backward()`` adds to ``.grad`` in that dtype (PyTorch's accumulation):
   fine for one batch, not micro-batch invariant.
-- :class:`ExactGradients` (the trainer's): every parameter carries an int64 state
-  ``param.exact_grad`` [*shape, 20] (:data:`EMPTY` until its first deposit, which writes the state
-  instead of adding to a zero-filled one); ``weight_grad`` merges its terms into it and returns None,
+- :class:`ExactGradients` (the trainer's): every parameter carries an exact accumulator
+  ``param.exact_grad``: :data:`EMPTY`, then what its deposits need and no more (a first dense deposit
+  of at most :data:`PENDING_TERMS` terms kept as fp32 terms, scattered rows as the states of those
+  rows, else an int64 state [*shape, 20]); ``weight_grad`` adds its terms and returns None,
   so any number of ``backward()`` calls (micro-batches, tied weights used twice) add exactly;
   :meth:`ExactGradients.finish` rounds each state once into ``param.main_grad`` (fp32, the name
   Megatron uses for its fp32 gradient buffer), which :class:`rlkernel.rl.AdamW`/``SGD`` read
@@ -35,7 +36,13 @@ from contextlib import contextmanager
 
 import torch
 
-from rlkernel.ops.exact_sum import exact_sum_accumulate, exact_sum_finish, exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import (
+    exact_sum_accumulate,
+    exact_sum_finish,
+    exact_sum_merge,
+    exact_sum_partial,
+    exact_sum_total,
+)
 
 __all__ = ["EMPTY", "ExactGradients", "UnitStates", "current_units", "deposit", "merge_into", "sequence_units",
            "units_per_group", "weight_grad"]
@@ -128,7 +135,7 @@ def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | 
     """
     if index is None:
         if getattr(param, "exact_grad", None) is None:
-            return exact_sum_finish(exact_sum_partial(terms)).to(param.dtype)
+            return exact_sum_total(terms).to(param.dtype)
         _accumulate_terms(param, terms)
         return None
     rows, local = torch.unique(index, return_inverse=True)  # only the rows some term names
@@ -137,11 +144,21 @@ def weight_grad(param: torch.Tensor, terms: torch.Tensor, index: torch.Tensor | 
         full = torch.zeros(param.shape, dtype=torch.float32, device=part.device)
         full[rows] = exact_sum_finish(part)
         return full.to(param.dtype)
-    acc = _state(param)  # rows scattered into a whole state: an empty one is zero-filled first
+    acc = param.exact_grad  # type: ignore[attr-defined]
+    if acc is EMPTY:
+        acc = param.exact_grad = _Pending()  # type: ignore[attr-defined]
+    if isinstance(acc, _Pending) and len(acc.rows) < _Pending.MAX_ROW_PARTS:
+        acc.rows.append((rows.to(param.device), part.to(param.device)))  # the touched rows' states only
+        return None
+    _merge_rows(_state(param), rows, part)
+    return None
+
+
+def _merge_rows(acc: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:
+    """``acc[rows] <- merge(acc[rows], part)`` (rows unique), a slice of rows at a time."""
     for r0 in range(0, rows.shape[0], _rows_per_step(acc)):
         r = rows[r0:r0 + _rows_per_step(acc)]
         acc[r] = exact_sum_merge(torch.stack([acc[r], part[r0:r0 + r.shape[0]].to(acc.device)]))
-    return None
 
 
 #: Elements merged per step (bounds the temporaries of a merge: a few int64 copies of the slice).
@@ -178,13 +195,68 @@ def deposit(param: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+class _Pending:
+    """An accumulator whose state is not in memory yet: the fp32 terms of its one dense deposit
+    (``[S, *shape]``, kept when they are smaller than the 160-byte-an-element state: S <= 40) and the
+    states of the rows that scattered deposits touched (a tied embedding's rows). :meth:`ExactGradients.finish`
+    rounds it without ever forming the whole state (``exact_sum_total``, and ``exact_sum_finish`` of the
+    touched rows); anything else makes the state first (:func:`_state`)."""
+
+    #: scattered deposits kept as row states before the whole state is made
+    MAX_ROW_PARTS = 8
+
+    def __init__(self) -> None:
+        self.terms: torch.Tensor | None = None
+        self.rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def state(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """The canonical state ``[*shape, 20]`` of everything deposited (the dense terms' partial, the rows merged)."""
+        if self.terms is not None:
+            state = exact_sum_partial(self.terms)
+        else:
+            state = torch.zeros((*shape, 20), dtype=torch.int64, device=device)
+        for rows, part in self.rows:
+            _merge_rows(state, rows, part)
+        return state
+
+    def finish(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """fp32 ``[*shape]``: ``RN32`` of each element's exact sum (the bits of ``exact_sum_finish(self.state())``)."""
+        if self.terms is not None:
+            out = exact_sum_total(self.terms)
+        else:
+            out = torch.zeros(shape, dtype=torch.float32, device=device)
+        if self.rows:  # the touched rows: the dense terms' partial of those rows, merged with every row part
+            touched = torch.unique(torch.cat([rows for rows, _ in self.rows]))
+            if self.terms is not None:
+                local = exact_sum_partial(self.terms[:, touched])
+            else:
+                local = torch.zeros((touched.shape[0], *shape[1:], 20), dtype=torch.int64, device=device)
+            for rows, part in self.rows:
+                _merge_rows(local, torch.searchsorted(touched, rows), part)
+            out[touched] = exact_sum_finish(local)
+        return out
+
+
+#: Dense terms an accumulator keeps before its state exists: S terms of 4 bytes against the 160-byte state
+PENDING_TERMS = 40
+
+
 def _accumulate_terms(param: torch.Tensor, terms: torch.Tensor) -> None:
-    """``param.exact_grad += terms`` exactly, in place; an :data:`EMPTY` accumulator becomes the terms' state."""
+    """``param.exact_grad += terms`` exactly. An :data:`EMPTY` (or rows-only pending) accumulator keeps
+    a few terms as they are (the caller gives them up: it must not write to them afterwards), else
+    makes the terms' state; a state takes them in place."""
     acc = param.exact_grad  # type: ignore[attr-defined]
-    if acc is EMPTY:
-        param.exact_grad = exact_sum_partial(terms.to(param.device))  # type: ignore[attr-defined]
-    else:
-        exact_sum_accumulate(acc, terms.to(acc.device))  # in place: no second state in memory
+    if acc is EMPTY or (isinstance(acc, _Pending) and acc.terms is None):
+        terms = terms.to(param.device)
+        if terms.shape[0] <= PENDING_TERMS:
+            pending = acc if isinstance(acc, _Pending) else _Pending()
+            pending.terms = terms
+            param.exact_grad = pending  # type: ignore[attr-defined]
+            return
+        if acc is EMPTY:
+            param.exact_grad = exact_sum_partial(terms)  # type: ignore[attr-defined]
+            return
+    exact_sum_accumulate(_state(param), terms.to(param.device))  # in place: no second state in memory
 
 
 def _merge_state(param: torch.Tensor, part: torch.Tensor) -> None:
@@ -192,15 +264,19 @@ def _merge_state(param: torch.Tensor, part: torch.Tensor) -> None:
     if param.exact_grad is EMPTY:  # type: ignore[attr-defined]
         param.exact_grad = part.to(param.device)  # type: ignore[attr-defined]
     else:
-        merge_into(param.exact_grad, part)  # type: ignore[attr-defined]
+        merge_into(_state(param), part)
 
 
 def _state(param: torch.Tensor) -> torch.Tensor:
-    """``param.exact_grad`` as a tensor: an :data:`EMPTY` one becomes the zero-filled empty state."""
-    if param.exact_grad is EMPTY:  # type: ignore[attr-defined]
-        param.exact_grad = torch.zeros((*param.shape, 20), dtype=torch.int64,  # type: ignore[attr-defined]
-                                       device=param.device)
-    return param.exact_grad  # type: ignore[attr-defined]
+    """``param.exact_grad`` as a tensor: an :data:`EMPTY` one becomes the zero-filled empty state, a
+    pending one the state of what it holds."""
+    acc = param.exact_grad  # type: ignore[attr-defined]
+    if acc is EMPTY:
+        acc = param.exact_grad = torch.zeros((*param.shape, 20), dtype=torch.int64,  # type: ignore[attr-defined]
+                                             device=param.device)
+    elif isinstance(acc, _Pending):
+        acc = param.exact_grad = acc.state(param.shape, param.device)  # type: ignore[attr-defined]
+    return acc
 
 
 #: Elements of per-unit fp32 terms held at once before they are accumulated (small weights) ...
@@ -268,8 +344,10 @@ class ExactGradients:
 
     Notes
     -----
-    Memory: 160 bytes per parameter element from its first deposit to :meth:`zero` (the P10 state), on the
-    parameter's device. As with Megatron's ``main_grad`` fusion, a weight's gradient is
+    Memory: at most 160 bytes per parameter element (the P10 state), on the parameter's device;
+    a weight whose terms arrive in one deposit (one micro-batch: the units' terms of a linear or the
+    LM head, a norm's token terms) holds only those fp32 terms, 4 bytes a term, and is rounded from
+    them by ``exact_sum_total``. As with Megatron's ``main_grad`` fusion, a weight's gradient is
     deposited whenever the op's backward runs: ``torch.autograd.grad`` with respect to
     activations only still adds to the accumulators of the weights on the way. Every parameter
     must be reached only through rlkernel ops whose backward calls :func:`weight_grad`; a
@@ -303,14 +381,16 @@ class ExactGradients:
                                    f"plain autograd (an op without an exact weight gradient used it); its sum "
                                    f"would not be exact. Use rlkernel ops for every use of the parameter")
             group = getattr(p, "grad_reduce_group", None)
+            acc = p.exact_grad  # type: ignore[attr-defined]
             if group is not None:  # every rank joins the all-reduce, with an empty state if it has no deposit
                 state = all_reduce_exact(_state(p).clone(), "sum", group)  # canonical limbs < 2**16: no overflow
-            elif p.exact_grad is EMPTY:  # type: ignore[attr-defined]
+                p.main_grad = exact_sum_finish(state)  # type: ignore[attr-defined]
+            elif acc is EMPTY:  # RN32 of the empty sum: +0.0 (contract exact_sum)
                 p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)  # type: ignore[attr-defined]
-                continue  # RN32 of the empty sum: +0.0 (contract exact_sum)
+            elif isinstance(acc, _Pending):  # no whole state formed (exact_sum_total)
+                p.main_grad = acc.finish(p.shape, p.device)  # type: ignore[attr-defined]
             else:
-                state = p.exact_grad  # type: ignore[attr-defined]
-            p.main_grad = exact_sum_finish(state)  # type: ignore[attr-defined]
+                p.main_grad = exact_sum_finish(acc)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
         """Detach the accumulators (plain autograd again)."""

@@ -86,39 +86,59 @@ def test_tied_weight_two_uses_add_exactly() -> None:
     assert run("embedding-first") == graph
 
 
-def test_first_deposit_writes_the_state_a_zero_filled_one_would_hold() -> None:
-    """An accumulator starts EMPTY (no zero fill); its first deposit writes the state. The finished
-    gradients are the bits of accumulators that start zero-filled, for every way a deposit arrives:
-    per-unit terms (linear, the LM head), scattered rows (embedding, tied with the LM head), a bias's
-    token terms, and no deposit at all (+0.0)."""
+def test_accumulators_without_a_state_finish_to_the_bits_of_zero_filled_ones() -> None:
+    """An accumulator starts EMPTY (no zero fill). A first dense deposit of a few terms is kept as it
+    is and scattered rows as row states (a tied embedding), finished by exact_sum_total without the
+    whole state; a second deposit makes the state. Every way gives the bits of accumulators that start
+    zero-filled: per-unit terms (linear, the LM head), scattered tied rows, a bias, many terms (the
+    state at once), two micro-batches, more scattered deposits than are kept, and no deposit (+0.0)."""
     g = torch.Generator().manual_seed(5)
     cu = [0, 3, 4, 9]
     x = torch.randn(9, 16, generator=g).bfloat16()
     w = torch.randn(12, 16, generator=g).bfloat16().requires_grad_()
     b = torch.randn(12, generator=g).bfloat16().requires_grad_()
+    norm = torch.rand(12, generator=g).bfloat16().requires_grad_()  # 9 token terms: kept as terms too
     head = torch.randn(40, 12, generator=g).bfloat16().requires_grad_()  # tied: embedding and LM head
     unused = torch.randn(5, 3, generator=g).bfloat16().requires_grad_()
     ids = torch.randint(0, 40, (9,), generator=g)
     targets = torch.randint(0, 40, (9,), generator=g)
-    params = [w, b, head, unused]
+    params = [w, b, norm, head, unused]
 
-    def run(zero_filled: bool) -> list[bytes]:
+    def step(a: int, c: int) -> None:
+        with grads.sequence_units([u - a for u in cu if a <= u <= c]):
+            h = rk.rms_norm(rk.linear(x[a:c], w, b) + rk.embedding(ids[a:c], head), norm)
+            rk.token_logprobs(h, head, targets[a:c]).sum().backward()
+
+    def run(zero_filled: bool, batches: list[tuple[int, int]], extra_rows: int = 0,
+            pending_terms: int = grads.PENDING_TERMS) -> list[bytes]:
         acc = grads.ExactGradients(params)
         assert all(p.exact_grad is grads.EMPTY for p in params)
         if zero_filled:
             for p in params:
                 p.exact_grad = torch.zeros((*p.shape, 20), dtype=torch.int64)
-        with grads.sequence_units(cu):
-            h = rk.linear(x, w, b) + rk.embedding(ids, head)
-            rk.token_logprobs(h, head, targets).sum().backward()
+        saved, grads.PENDING_TERMS = grads.PENDING_TERMS, pending_terms
+        try:
+            for a, c in batches:
+                step(a, c)
+            for i in range(extra_rows):  # scattered deposits alone
+                rk.embedding(ids[i % 7:i % 7 + 2], head).backward(torch.ones(2, 12, dtype=torch.bfloat16))
+        finally:
+            grads.PENDING_TERMS = saved
         acc.finish()
         out = [_bits(p.main_grad) for p in params]
         acc.remove()
         return out
 
-    lazy = run(zero_filled=False)
-    assert lazy == run(zero_filled=True)
-    assert lazy[3] == _bits(torch.zeros(5, 3))
+    one = run(False, [(0, 9)])
+    assert one == run(True, [(0, 9)])
+    assert one == run(False, [(0, 9)], pending_terms=0)  # no terms kept: the state at once
+    assert one[4] == _bits(torch.zeros(5, 3))
+    two = run(False, [(0, 4), (4, 9)])
+    assert two == run(True, [(0, 4), (4, 9)])
+    many = run(False, [(0, 9)], extra_rows=grads._Pending.MAX_ROW_PARTS + 2)
+    assert many == run(True, [(0, 9)], extra_rows=grads._Pending.MAX_ROW_PARTS + 2)
+    rows_only = run(False, [], extra_rows=3)
+    assert rows_only == run(True, [], extra_rows=3)
 
 
 def test_exact_gradients_refuse_plain_autograd_grads() -> None:

@@ -136,6 +136,15 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"torch {r['torch']}, command: `{r['command']}`",
         "",
+    ]
+    if "ratio" in ro:
+        lines += _rollout_lines(r, ro)
+    lines += _trainer_lines(r.get("trainer"))
+    return "\n".join(lines) + "\n"
+
+
+def _rollout_lines(r: dict[str, Any], ro: dict[str, Any]) -> list[str]:
+    lines = [
         f"## Rollout: {r['prompts']} prompts x {r['prompt_len']} tokens, {r['new_tokens']} sampled tokens each "
         f"(T = {r['temperature']}, top-k {r['top_k']}, top-p {r['top_p']})",
         "",
@@ -153,7 +162,11 @@ def markdown(r: dict[str, Any]) -> str:
                      f"{'on' if s['cuda_graphs'] else 'off'} ({s['graph_replays']}) | {s['setup_s']:.1f} |")
     lines += ["", f"Ratio rlkernel / native tokens/s: **{ro['ratio']:.3f}** (goal >= {ROLLOUT_GOAL}: "
               f"{'met' if ro['ratio'] >= ROLLOUT_GOAL else 'missed'})", ""]
-    tr = r.get("trainer")
+    return lines
+
+
+def _trainer_lines(tr: dict[str, Any] | None) -> list[str]:
+    lines: list[str] = []
     if tr is not None:
         lines += [f"## Trainer step: {tr['seqs']} sequences x {tr['len']} tokens, {tr['layers']} layers, median of "
                   f"{tr['steps']} after a warm-up", "", "| side | step s | peak GiB |", "|---|---|---|"]
@@ -167,7 +180,7 @@ def markdown(r: dict[str, Any]) -> str:
         if "ratio" in tr:
             lines += ["", f"Ratio plain / rlkernel step: **{tr['ratio']:.4f}** (goal >= {TRAIN_GOAL}: "
                       f"{'met' if tr['ratio'] >= TRAIN_GOAL else 'missed'})"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -181,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on either side")
-    p.add_argument("--sides", default="rlkernel,native", help="rollout sides to run")
+    p.add_argument("--sides", default="rlkernel,native", help="rollout sides to run (\"\": the trainer step only)")
     p.add_argument("--train-layers", type=int, help="layers of the trainer-step model (default: --layers)")
     p.add_argument("--train-seqs", type=int, default=4)
     p.add_argument("--train-len", type=int, default=256, help="tokens per sequence (half prompt, half completion)")
@@ -205,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                for _ in range(args.prompts)]
     rollout: dict[str, Any] = {}
     with torch.inference_mode():
-        for side in args.sides.split(","):
+        for side in [x for x in args.sides.split(",") if x]:
             rollout[side] = rollout_side(model, side, prompts, args.new_tokens, args, device)
             print(f"rollout {side}: {rollout[side]['tokens_per_s']:,.0f} tokens/s", flush=True)
     if "rlkernel" in rollout and "native" in rollout:
@@ -220,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.json").write_text(json.dumps(result, indent=2) + "\n")
-    if "ratio" in rollout:
+    if "ratio" in rollout or "trainer" in result:
         (out / "e2e.md").write_text(markdown(result))
     print(json.dumps(result, indent=2))
     return result

@@ -56,6 +56,7 @@ KERNELS = {
     "exact_sum_merge": "exact_sum:exact_sum_merge",
     "exact_sum_finish": "exact_sum:exact_sum_finish",
     "exact_sum_accumulate": "exact_sum:exact_sum_accumulate",
+    "exact_sum_total": "exact_sum:exact_sum_total",
 }
 
 

@@ -1,7 +1,8 @@
 """Exact per-element sums of fp32 terms (contract ``exact_sum`` v1) on the P10 superaccumulator.
 
 Dense sums reuse :func:`superacc.accumulate` over axis 0; ``exact_sum_accumulate`` merges a
-slice of the accumulator with the partial of the same slice's terms, one slice at a time. The
+slice of the accumulator with the partial of the same slice's terms, one slice at a time, and
+``exact_sum_total`` finishes the partial of one slice at a time. The
 scatter form decomposes every term into its limb index and signed limb contribution and adds them with an int64
 ``scatter_add_`` into the raw limbs of its row: integer additions, so any order (atomics
 included) gives the same limbs; blocks of at most ``BLOCK_TERMS`` terms per row keep the raw
@@ -88,3 +89,18 @@ def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
         part = exact_sum_partial(t[:, e0:e0 + step])
         flat[e0:e0 + step] = superacc.merge(torch.stack([flat[e0:e0 + step], part]), dim=0)
     return state if in_place else flat.view(state.shape)
+
+
+def exact_sum_total(terms: torch.Tensor) -> torch.Tensor:
+    """``finish(partial(terms))``, fp32 ``terms.shape[1:]``, a slice of elements at a time (the states
+    in memory are those of one slice, never of a whole weight)."""
+    rest = tuple(terms.shape[1:])
+    n = 1
+    for size in rest:
+        n *= size
+    out = torch.empty((n,), dtype=torch.float32, device=terms.device)
+    t = terms.reshape(terms.shape[0], n)
+    step = superacc.STEP_ELEMENTS
+    for e0 in range(0, n, step):
+        out[e0:e0 + step] = exact_sum_finish(exact_sum_partial(t[:, e0:e0 + step]))
+    return out.reshape(rest)

@@ -54,6 +54,7 @@ KERNELS: dict[str, str] = {
     "exact_sum_merge": "exact_sum:exact_sum_merge",
     "exact_sum_finish": "exact_sum:exact_sum_finish",
     "exact_sum_accumulate": "exact_sum:exact_sum_accumulate",
+    "exact_sum_total": "exact_sum:exact_sum_total",
     "rms_norm_backward": "rms_norm:rms_norm_backward",
     "rope_backward": "torch_exact:rope_backward",
     "silu_mul_backward": "torch_exact:silu_mul_backward",

@@ -24,6 +24,8 @@ version that read slots by reductions over a ``[R, 32]`` tile was at 58x.)
   loaded and made canonical, the terms added as in ``_partial_kernel``, the result stored over the
   state (4 bytes a term and 320 an element, against ``_partial_kernel`` then ``_merge_kernel`` of a
   stacked copy: 4 + 160 + 3 x 160 + the stack's 2 x 320).
+- ``_total_kernel``: ``_partial_kernel``'s state kept in registers and rounded as ``_finish_kernel``
+  rounds (``exact_sum_total``: 4 bytes a term and an element, where partial + finish move 320).
 - ``_finish_kernel``: ``RN32`` of each state (the steps of ``_tl_superacc.round_state``: top three
   16-bit limbs and a sticky bit, ties to even, the P10 special rules).
 
@@ -338,15 +340,39 @@ def _below(lim, i, v, acc):
 
 @triton.jit
 def _finish_kernel(s_ptr, out_ptr, n, R: tl.constexpr):
-    """``RN32`` of the states ``[n, 20]`` of ``R`` elements (fp32): the magnitude made canonical
+    """``RN32`` of the states ``[n, 20]`` of ``R`` elements (fp32), made canonical, by :func:`_round`."""
+    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    ok = e < n
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _load_canonical(
+        s_ptr, e, ok, R)
+    y = _round(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf, R)
+    tl.store(out_ptr + e, y, mask=ok)
+
+
+@triton.jit
+def _total_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+    """``RN32`` of the exact sums of the terms ``[S_TERMS, n]`` (fp32) of ``R`` elements: the state
+    built in registers as in ``_partial_kernel`` and rounded by :func:`_round`, never stored."""
+    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    ok = e < n
+    z = tl.zeros([R], tl.int64)
+    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
+    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
+    nan, pinf, ninf = z, z, z
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
+        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
+        l15, l16, nan, pinf, ninf)
+    y = _round(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf, R)
+    tl.store(out_ptr + e, y, mask=ok)
+
+
+@triton.jit
+def _round(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf,
+           R: tl.constexpr):
+    """``RN32`` of canonical limbs and special counts (fp32 ``[R]``): the magnitude made canonical
     (its sign from the carry limb), the top three nonzero 16-bit limbs of limbs 0..19 (16..19 are the
     carry limb's four 16-bit pieces) and a sticky bit for every nonzero limb below, one RNE rounding
     to 24 bits, the P10 special rules from the counts (as ``_tl_superacc.round_state``)."""
-    e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
-    ok = e < n
-    p = s_ptr
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _load_canonical(
-        p, e, ok, R)
     neg = l16 < 0
     m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15, m16 = _normalize(
         -l0, -l1, -l2, -l3, -l4, -l5, -l6, -l7, -l8, -l9, -l10, -l11, -l12, -l13, -l14, -l15, -l16)
@@ -435,8 +461,7 @@ def _finish_kernel(s_ptr, out_ptr, n, R: tl.constexpr):
     y = tl.where(neg, -mag, mag)
     y = tl.where(pinf > 0, float("inf"), y)
     y = tl.where(ninf > 0, float("-inf"), y)
-    y = tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), E.canonical_nan_f32(y), y)
-    tl.store(out_ptr + e, y, mask=ok)
+    return tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), E.canonical_nan_f32(y), y)
 
 
 @triton.jit
@@ -570,6 +595,28 @@ def exact_sum_finish(states: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def exact_sum_total(terms: torch.Tensor) -> torch.Tensor:
+    """Kernel ``exact_sum_total``: fp32 ``terms.shape[1:]``, ``RN32`` of the exact sums of the terms
+    ``[S, *E]`` over axis 0 (one kernel: no state in memory; few elements and many terms: the split
+    partial states, merged and finished, all ``[n, 20]``)."""
+    rest = tuple(terms.shape[1:])
+    out = torch.empty(rest, dtype=torch.float32, device=terms.device)
+    n = out.numel()
+    if n == 0:
+        return out
+    t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
+    if _splits(n, t.shape[0]) > 1:
+        return exact_sum_finish(exact_sum_partial(t)).view(rest)
+    o = out.view(n)
+    r, chunk = _tiles()
+    blocks = _blocks("exact_sum_total", n, t.shape[0])
+    for e0, e1 in blocks:
+        tb = t if len(blocks) == 1 else t[:, e0:e1].contiguous()
+        _total_kernel[(cdiv(e1 - e0, r),)](tb, o[e0:e1], t.shape[0], e1 - e0, CHUNK_TERMS=chunk, R=r,
+                                           num_warps=WARPS, **LAUNCH)
+    return out
+
+
 def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
     """Kernel ``exact_sum_accumulate``: ``state [*E, 20]`` plus the fp32 terms ``[S, *E]``, canonical,
     in place (a strided state is worked on in a contiguous copy, which is returned)."""
@@ -612,4 +659,8 @@ def static_specs(target):
         ("exact_sum_finish", "states", _finish_kernel,
          {"s_ptr": "*i64", "out_ptr": "*fp32", "n": "i64", "R": "constexpr"},
          {"R": ROWS}, {"num_warps": WARPS}),
+        ("exact_sum_total", "fp32_terms", _total_kernel,
+         {"t_ptr": "*fp32", "out_ptr": "*fp32", "S_TERMS": "i32", "n": "i64", "CHUNK_TERMS": "constexpr",
+          "R": "constexpr"},
+         {"CHUNK_TERMS": CHUNK, "R": ROWS}, {"num_warps": WARPS}),
     ]

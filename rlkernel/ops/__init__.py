@@ -12,7 +12,13 @@ from rlkernel.ops.adamw import adamw
 from rlkernel.ops.all_reduce import all_reduce
 from rlkernel.ops.attention import attention, attention_backward, attention_paged
 from rlkernel.ops.embedding import embedding
-from rlkernel.ops.exact_sum import exact_sum_accumulate, exact_sum_finish, exact_sum_merge, exact_sum_partial
+from rlkernel.ops.exact_sum import (
+    exact_sum_accumulate,
+    exact_sum_finish,
+    exact_sum_merge,
+    exact_sum_partial,
+    exact_sum_total,
+)
 from rlkernel.ops.group_advantages import group_advantages
 from rlkernel.ops.kl_k3 import kl_k3, kl_k3_backward
 from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial
@@ -36,7 +42,8 @@ from rlkernel.ops.token_logprobs import (
 
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_accumulate",
-    "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "group_advantages", "kl_k3", "kl_k3_backward", "linear",
+    "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "exact_sum_total", "group_advantages", "kl_k3",
+    "kl_k3_backward", "linear",
     "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
     "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
     "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_entropy", "token_entropy_backward", "token_logprobs",

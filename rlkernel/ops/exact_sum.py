@@ -4,7 +4,7 @@ The accumulator of weight gradients (:mod:`rlkernel.grads`): terms become exact 
 superaccumulator states (``exact_sum_partial``), states merge by integer addition in any order
 (``exact_sum_merge``; across ranks a SUM all-reduce of the int64 slots), an accumulator takes new
 terms in place (``exact_sum_accumulate``), and each exact sum is rounded once to fp32
-(``exact_sum_finish``).
+(``exact_sum_finish``, or ``exact_sum_total`` straight from the terms).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 from rlkernel import _validate as v
 from rlkernel import dispatch
 
-__all__ = ["STATE_SLOTS", "exact_sum_accumulate", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial"]
+__all__ = ["STATE_SLOTS", "exact_sum_accumulate", "exact_sum_finish", "exact_sum_merge", "exact_sum_partial",
+           "exact_sum_total"]
 
 #: Slots of one P10 state: 16 limbs, the carry limb, the NaN/+inf/-inf counts.
 STATE_SLOTS = 20
@@ -203,3 +204,42 @@ def exact_sum_accumulate(state: torch.Tensor, terms: torch.Tensor) -> torch.Tens
     if out is not state:  # kernels return state updated in place, or a new tensor (e.g. for a strided state)
         state.copy_(out)
     return state
+
+
+def exact_sum_total(terms: torch.Tensor) -> torch.Tensor:
+    """The exact sums of ``terms`` over axis 0, each rounded once to fp32: ``finish(partial(terms))``.
+
+    ``out[e] = RN32(sum_s terms[s, e])``, the sum exact. A weight's gradient when all its terms
+    arrive in one call (:mod:`rlkernel.grads`): no 160-byte-an-element state in memory.
+
+    Parameters
+    ----------
+    terms : Tensor, float32, [S, *E]
+        S terms per output element; S may be 0 (every element is then +0). Any strides.
+
+    Returns
+    -------
+    Tensor, float32, [*E]
+
+    Raises
+    ------
+    TypeError
+        terms is not float32.
+    ValueError
+        terms has no axis.
+
+    Bitwise semantics
+    -----------------
+    The bits of :func:`exact_sum_finish` of :func:`exact_sum_partial` of the same terms: each
+    element's exact sum (independent of the order of its terms and of the device) rounded once,
+    to nearest with ties to even (P10's special rules for NaN/inf terms; a zero sum is +0).
+    Contract ``exact_sum`` v1.
+    """
+    op = "exact_sum_total"
+    terms = v.tensor(op, "terms", terms)
+    v.dtype(op, "terms", terms, (torch.float32,))
+    if terms.dim() < 1:
+        raise ValueError(f"{op}: terms has shape {tuple(terms.shape)}; expected [S, *E] with the terms on axis 0 "
+                         f"(a single term: terms.unsqueeze(0))")
+    device = v.same_device(op, [("terms", terms)])
+    return dispatch.call(op, device, terms=terms)

@@ -1,5 +1,5 @@
 """Mutants of exact_sum: the terms, the axis, the scatter rows, the state form, the merge, the
-accumulation into a state, the rounding, the specials and the zero sign, and an fp32
+accumulation into a state, the total, the rounding, the specials and the zero sign, and an fp32
 (order-dependent) sum."""
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ def _state_restarted(state, terms):  # type: ignore[no-untyped-def]
     return _partial(terms)
 
 
+def _total_in_fp32(terms):  # type: ignore[no-untyped-def]
+    """The total as torch's fp32 sum over axis 0 (rounded at every add) instead of one rounding."""
+    return terms.sum(dim=0)
+
+
 def _specials_dropped(terms, index=None, num_rows=None):  # type: ignore[no-untyped-def]
     out = _partial(terms, index, num_rows).clone()
     out[..., 17:] = 0
@@ -78,6 +83,7 @@ MUTATIONS = [
     mutation(OP, "merge", "slot sums without carries", patch(M, "exact_sum_merge", _merge_raw)),
     mutation(OP, "accumulate", "the state restarted from the terms",
              patch(M, "exact_sum_accumulate", _state_restarted)),
+    mutation(OP, "total", "fp32 sum over axis 0", patch(M, "exact_sum_total", _total_in_fp32)),
     mutation(OP, "rounding", "to nearest -> toward zero", patch(SA, "_round_up", _truncate)),
     mutation(OP, "specials", "special counts dropped", patch(M, "exact_sum_partial", _specials_dropped)),
     mutation(OP, "specials", "NaN terms ignored at finish", patch(SA, "finish", _nan_terms_ignored)),

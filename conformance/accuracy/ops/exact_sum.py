@@ -5,7 +5,8 @@ sequences (a long sequence's partial 1000x the others) and with cancelling parti
 both signs). ``exact_sum_merge`` and ``exact_sum_finish`` are measured through the same path:
 micro-batch partials merged, then finished. ``exact_sum_accumulate``: the micro-batches accumulated
 into one state in turn (the trainer's exact accumulator), next to an fp32 ``.grad`` buffer that adds
-each micro-batch's fp32 sum in turn (PyTorch's gradient accumulation).
+each micro-batch's fp32 sum in turn (PyTorch's gradient accumulation). ``exact_sum_total``: all the
+terms at once, next to ``torch.sum(dim=0)``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rlkernel.conformance.accuracy.suite import RLKERNEL, Measurement, Result
 SHAPES = {"small": (64, 4096), "full": (256, 1 << 20)}
 
 
-def _run(kind: str, accumulate: bool = False) -> Callable[[str, torch.device], list[Result]]:
+def _run(kind: str, op: str) -> Callable[[str, torch.device], list[Result]]:
     def run(size: str, device: torch.device) -> list[Result]:
         s, n = SHAPES[size]
         name = f"exact_sum/{kind}/{size}"
@@ -34,7 +35,10 @@ def _run(kind: str, accumulate: bool = False) -> Callable[[str, torch.device], l
             terms = torch.cat([terms[: s // 2], -terms[: s // 2] * (1 + 2.0 ** -20)])
         terms = terms.to(device)
         truth = terms.double().sum(dim=0)
-        if accumulate:
+        if op == "exact_sum_total":  # every unit's terms at once
+            return [Result(RLKERNEL, tensor_errors(ops.exact_sum_total(terms), truth)),
+                    Result("torch.sum(dim=0) (fp32)", tensor_errors(terms.sum(dim=0), truth), native=True)]
+        if op == "exact_sum_accumulate":
             state = ops.exact_sum_partial(terms[:16])
             buf = terms[:16].sum(dim=0)
             for i in range(16, s, 16):  # micro-batches, in turn
@@ -55,6 +59,5 @@ def measurements() -> list[Measurement]:
     kinds = (("normal", "S per-sequence partials ~ N(0, 1)"),
              ("outlier_sequences", "1/16 of the partials x1000"),
              ("cancelling", "partials in +/- pairs that cancel to 2**-20 relative"))
-    return [Measurement(op, kind, desc, "rel_l2", _run(kind, op == "exact_sum_accumulate"),
-                        shape=lambda size: shape(*SHAPES[size]))
-            for op in ("exact_sum_partial", "exact_sum_accumulate") for kind, desc in kinds]
+    return [Measurement(op, kind, desc, "rel_l2", _run(kind, op), shape=lambda size: shape(*SHAPES[size]))
+            for op in ("exact_sum_partial", "exact_sum_accumulate", "exact_sum_total") for kind, desc in kinds]
