@@ -5,14 +5,15 @@ Each tree (a git revision, or the working tree) is staged in its installed layou
 process with that tree first on ``PYTHONPATH`` and a fresh ``TRITON_CACHE_DIR`` compiles every
 specialisation of the CUDA static checks for sm_90 (``compile_ptx``, the checks' own options) and
 writes its PTX. The PTX is compared after dropping what names the source file rather than the
-code: ``.loc``/``.file`` lines and the DWARF sections (moving a kernel to another file changes
-only those). Both trees must list the same (op, case) specs.
+code: ``.loc``/``.file`` lines, the DWARF sections and their ``$L__tmp`` labels (moving a kernel
+to another file, or a helper out of a kernel, changes only those). Both trees must list the same (op, case) specs.
 
 Usage (minutes per tree: ptxas compiles the attention and GEMM kernels slowly):
 
     python tools/ptx_identity.py --base 6bbfc61            # base revision vs the working tree
     python tools/ptx_identity.py --dump DIR [--rev REV]    # write one tree's PTX to DIR
     python tools/ptx_identity.py --compare DIR_A DIR_B     # compare two dumps
+    python tools/ptx_identity.py --base REV --op silu_mul  # only the specs of these ops (--op repeats)
 
 Exit status 0 when every spec's normalised PTX is identical.
 """
@@ -36,10 +37,13 @@ FOLDERS = {"rlkernel": "rlkernel", "rlkernel/contracts": "contracts", "rlkernel/
 _CHILD = r"""
 import json, os, sys
 out = sys.argv[1]
+only = set(sys.argv[2:])
 from rlkernel.backends.cuda import static_checks as sc
 index = {}
 for spec in sc.all_specs():
     op, case, fn, sig, consts = spec[:5]
+    if only and op not in only:
+        continue
     name = f"{op}__{case}".replace("/", "_")
     with open(os.path.join(out, name + ".ptx"), "w") as f:
         f.write(sc.compile_ptx(fn, sig, consts))
@@ -63,16 +67,17 @@ def stage(rev: str | None, dest: Path) -> None:
         shutil.copytree(src / folder, dest / "tree" / name, ignore=ignore, dirs_exist_ok=True)
 
 
-def dump(rev: str | None, out: Path) -> None:
+def dump(rev: str | None, out: Path, ops: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rlkernel-ptx-") as tmp:
         stage(rev, Path(tmp))
         env = dict(os.environ, PYTHONPATH=str(Path(tmp) / "tree"), TRITON_CACHE_DIR=str(Path(tmp) / "cache"))
-        subprocess.run([sys.executable, "-c", _CHILD, str(out)], env=env, check=True, cwd=tmp)
+        subprocess.run([sys.executable, "-c", _CHILD, str(out), *(ops or [])], env=env, check=True, cwd=tmp)
 
 
 def normalise(ptx: str) -> list[str]:
-    """PTX lines without source locations and debug sections."""
+    """PTX lines without source locations, debug sections and debug labels (``$L__tmpN:``, which mark
+    inlined helpers' ranges for the debug sections)."""
     lines, in_debug = [], False
     for line in ptx.splitlines():
         s = line.strip()
@@ -82,8 +87,8 @@ def normalise(ptx: str) -> list[str]:
             if s == "}":
                 in_debug = False
             continue
-        if s.startswith((".loc", ".file")):
-            continue
+        if s.startswith((".loc", ".file")) or (s.startswith("$L__tmp") and s.endswith(":")):
+            continue  # source locations, and the labels only the debug sections refer to
         lines.append(line)
     return lines
 
@@ -100,7 +105,7 @@ def compare(a: Path, b: Path) -> int:
             differ += 1
             print(f"DIFFERS {name}:")
             print("\n".join(list(difflib.unified_diff(pa, pb, lineterm="", n=1))[:40]))
-    print(f"{len(ia)} specs compared for sm_90: {len(ia) - differ} identical PTX (without .loc/.file/debug), "
+    print(f"{len(ia)} specs compared for sm_90: {len(ia) - differ} identical PTX (without .loc/.file/debug sections and labels), "
           f"{differ} differ")
     return 1 if differ else 0
 
@@ -111,16 +116,17 @@ def main() -> int:
     parser.add_argument("--dump", type=Path, help="write the PTX of --rev (default: the working tree) here")
     parser.add_argument("--rev", help="revision for --dump")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("DIR_A", "DIR_B"))
+    parser.add_argument("--op", action="append", help="only the static specs of this op (repeat for several)")
     args = parser.parse_args()
     if args.compare:
         return compare(*args.compare)
     if args.dump:
-        dump(args.rev, args.dump)
+        dump(args.rev, args.dump, args.op)
         return 0
     if args.base:
         with tempfile.TemporaryDirectory(prefix="rlkernel-ptx-cmp-") as tmp:
-            dump(args.base, Path(tmp) / "base")
-            dump(None, Path(tmp) / "head")
+            dump(args.base, Path(tmp) / "base", args.op)
+            dump(None, Path(tmp) / "head", args.op)
             return compare(Path(tmp) / "base", Path(tmp) / "head")
     parser.error("give --base REV, --dump DIR or --compare DIR_A DIR_B")
     return 2

@@ -57,7 +57,7 @@ KERNELS: dict[str, str] = {
     "exact_sum_total": "exact_sum:exact_sum_total",
     "rms_norm_backward": "rms_norm:rms_norm_backward",
     "rope_backward": "torch_exact:rope_backward",
-    "silu_mul_backward": "torch_exact:silu_mul_backward",
+    "silu_mul_backward": "silu_mul:silu_mul_backward",
     "kl_k3_backward": "rl:kl_k3_backward",
     "masked_mean_backward": "rl:masked_mean_backward",
     "token_entropy": "torch_exact:token_entropy",
