@@ -228,6 +228,18 @@ def _add_terms(t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS: tl.constexpr, l0, l1, l2, 
 
 
 @triton.jit
+def _terms_state(t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS: tl.constexpr, R: tl.constexpr):
+    """The canonical limbs and special counts of the terms ``[S_TERMS, n]`` of elements ``e``, from the
+    empty state (:func:`_add_terms`)."""
+    z = tl.zeros([R], tl.int64)
+    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
+    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
+    nan, pinf, ninf = z, z, z
+    return _add_terms(t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11,
+                      l12, l13, l14, l15, l16, nan, pinf, ninf)
+
+
+@triton.jit
 def _load_canonical(p, e, ok, R: tl.constexpr):
     """The states of elements ``e`` (int64 ``[n, 20]`` at ``p``): limbs 0..16 made canonical, then the
     three special counts."""
@@ -252,13 +264,8 @@ def _partial_kernel(t_ptr, out_ptr, S_TERMS, n, SPLIT_TERMS, CHUNK_TERMS: tl.con
     t_ptr += j.to(tl.int64) * SPLIT_TERMS * n
     out_ptr += j.to(tl.int64) * n * 20
     S_TERMS = tl.minimum(S_TERMS - j * SPLIT_TERMS, SPLIT_TERMS)
-    z = tl.zeros([R], tl.int64)
-    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
-    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
-    nan, pinf, ninf = z, z, z
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
-        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
-        l15, l16, nan, pinf, ninf)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _terms_state(
+        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, R)
     _store_state(out_ptr, e, ok, R, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16,
                  nan, pinf, ninf)
 
@@ -355,13 +362,8 @@ def _total_kernel(t_ptr, out_ptr, S_TERMS, n, CHUNK_TERMS: tl.constexpr, R: tl.c
     built in registers as in ``_partial_kernel`` and rounded by :func:`_round`, never stored."""
     e = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     ok = e < n
-    z = tl.zeros([R], tl.int64)
-    l0, l1, l2, l3, l4, l5, l6, l7 = z, z, z, z, z, z, z, z
-    l8, l9, l10, l11, l12, l13, l14, l15, l16 = z, z, z, z, z, z, z, z, z
-    nan, pinf, ninf = z, z, z
-    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _add_terms(
-        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14,
-        l15, l16, nan, pinf, ninf)
+    l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf = _terms_state(
+        t_ptr, S_TERMS, n, e, ok, CHUNK_TERMS, R)
     y = _round(l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, nan, pinf, ninf, R)
     tl.store(out_ptr + e, y, mask=ok)
 
