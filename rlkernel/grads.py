@@ -56,10 +56,10 @@ class _Empty:
 
 
 #: ``param.exact_grad`` of an :class:`ExactGradients` parameter before its first deposit: the state of
-#: an empty sum, not yet in memory. The first deposit writes the state (``exact_sum_partial`` of its
-#: terms, or the deposited state itself), which is the canonical state that zero fill + accumulate
-#: would leave (contract ``exact_sum``: one canonical state per exact sum), without the 160 bytes a
-#: parameter of zero fill and the read of them (the LM head's state: 25 GB, ~12 ms a step on the H200).
+#: an empty sum, not yet in memory. The first deposit keeps its few terms or rows (``_Pending``) or
+#: writes the state (``exact_sum_partial`` of its terms, or the deposited state itself), the canonical
+#: state that zero fill + accumulate would leave (contract ``exact_sum``: one canonical state per
+#: exact sum), without the 160 bytes a parameter of zero fill and the read of them.
 EMPTY = _Empty()
 
 _UNITS: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("rlkernel_units", default=None)
@@ -339,8 +339,9 @@ class ExactGradients:
     Parameters
     ----------
     params : iterable of Tensor
-        Parameters that require grad. Each gets ``exact_grad`` (:data:`EMPTY`, an int64
-        [*shape, 20] state from its first deposit on) and, after :meth:`finish`, ``main_grad`` (fp32).
+        Parameters that require grad. Each gets ``exact_grad`` (:data:`EMPTY`; after deposits, the
+        few terms or rows they brought, or an int64 [*shape, 20] state) and, after :meth:`finish`,
+        ``main_grad`` (fp32).
 
     Notes
     -----
