@@ -105,8 +105,8 @@ def compare(a: Path, b: Path) -> int:
             differ += 1
             print(f"DIFFERS {name}:")
             print("\n".join(list(difflib.unified_diff(pa, pb, lineterm="", n=1))[:40]))
-    print(f"{len(ia)} specs compared for sm_90: {len(ia) - differ} identical PTX (without .loc/.file/debug sections and labels), "
-          f"{differ} differ")
+    print(f"{len(ia)} specs compared for sm_90: {len(ia) - differ} identical PTX (without .loc/.file/debug "
+          f"sections and labels), {differ} differ")
     return 1 if differ else 0
 
 

@@ -309,7 +309,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
                 out.hi[t0:t1], out.lo[t0:t1] = hi, lo
             elif out.d_hidden is not None:
                 out.d_hidden[t0:t1] = _finish_wide(hi, lo, ex, ew, dtype)
-    if bool(bad):
+    if row_max is not None and sum_int is not None and bool(bad):  # only a shard's check reads the device
         raise ValueError("token_logprobs_backward_partial: row_max is below a logit of this shard (or a logit is NaN "
                          "while row_max is finite); pass the R5 max over all shards of token_logprobs_partial's "
                          "phase 1")
