@@ -883,14 +883,16 @@ def bench_cases() -> list[BenchCase]:
     """Attention in bf16 with head_dim 128 and 8 KV heads, paged decode (block 16) and causal prefill.
 
     large: Qwen3-8B (32 q heads), decode at batch 8/64 and context 1024/4096/8192, batch 256 at
-    context 4096 and batch 8 at context 32768, prefill of 2048
-    and 8192 tokens. small: Qwen3-0.6B (16 q heads), decode at batch 1 (context 512) and 4
+    context 4096 and batch 8 at context 32768, Qwen3-0.6B (16 q heads) at batch 256 and context 128
+    (a decode step of the end-to-end rollout), prefill of 2048 and 8192 tokens. small: Qwen3-0.6B (16 q heads), decode at batch 1 (context 512) and 4
     (context 128), prefill of 64 tokens.
     """
     hkv, d, bs = 8, 128, 16
     decode = [("qwen3_8b", 32, "large", batch, ctx) for batch in (8, 64) for ctx in (1024, 4096, 8192)]
     decode += [("qwen3_8b", 32, "large", 256, 4096), ("qwen3_8b", 32, "large", 8, 32768)]
     decode += [("qwen3_0.6b", 16, "small", 1, 512), ("qwen3_0.6b", 16, "small", 4, 128)]
+    # a decode step of tools/e2e_bench.py's rollout (256 sequences, 64-token prompts, 64 new tokens)
+    decode += [("qwen3_0.6b", 16, "large", 256, 128)]
     prefill = [("qwen3_8b", 32, "large", 2048), ("qwen3_8b", 32, "large", 8192), ("qwen3_0.6b", 16, "small", 64)]
     cases = []
     for model, hq, size, batch, ctx in decode:
