@@ -42,13 +42,25 @@ from .linear import _ldexp_clamped
 from .targets import TritonTarget
 
 MAX_KEYS = 1 << 22
+#: keys an fp64 PV accumulator covers before it goes into int64: |R_limb * Vint| <= 2**40, so the
+#: partial sums of 2**12 keys stay below 2**52 < 2**53, exact
+F64_KEYS = 1 << 12
+#: head dims whose fp64 q.k products stay exact: |qint * kint| <= 2**40, so D <= 2**12 keeps |C| <= 2**52
+F64_MAX_D = 1 << 12
+_MAX_KEYS = tl.constexpr(MAX_KEYS)
+_F64_KEYS = tl.constexpr(F64_KEYS)
+#: an opaque copy ends what Triton 3.6 traces back from an fp64 dot operand to its bf16/fp16 load
+#: (computeOrigBitWidth): from a 16-bit load it picks a K width that its fp64 MMA lowering refuses
+#: ("fp64 don't support largeK MMA"); the Triton interpreter runs no PTX, and needs no such boundary
+_OPAQUE_F64 = tl.constexpr(not E.interpreting())
 #: interpreter tests shrink the tiles
 SMALL_TILES = False
 
 
 @triton.jit
-def _row_digits(v, AXIS: tl.constexpr):
-    """Exponent (sentinel 2**20 if non-finite), zero flag and 21-bit digits of rows of ``v`` along AXIS."""
+def _row_grid(v, AXIS: tl.constexpr):
+    """Exponent (sentinel 2**20 if non-finite), non-finite flag, zero flag and the 21-bit grid
+    integers ``RNE(v * 2**(20 - e))`` (int32, |g| <= 2**20) of rows of ``v`` along AXIS."""
     fin = E.is_finite(v)
     top = tl.max(tl.where(fin, E.abs_bits(v), 0), axis=AXIS)
     bad = tl.max((~fin).to(tl.int32), axis=AXIS) != 0
@@ -57,8 +69,36 @@ def _row_digits(v, AXIS: tl.constexpr):
         g = E.grid_int(v, e[:, None])
     else:
         g = E.grid_int(v, e[None, :])
+    return e, bad, top == 0, g
+
+
+@triton.jit
+def _row_digits(v, AXIS: tl.constexpr):
+    """``_row_grid`` with the grid integers as three balanced base-128 int8 digits."""
+    e, bad, zero, g = _row_grid(v, AXIS)
     d0, d1, d2 = E.split3(g)
-    return e, bad, top == 0, d0, d1, d2
+    return e, bad, zero, d0, d1, d2
+
+
+@triton.jit
+def _f64_operand(g):
+    """The int32 grid integers ``g`` as an fp64 ``tl.dot`` operand (exact), behind ``_OPAQUE_F64``'s copy."""
+    f = g.to(tl.float64)
+    if _OPAQUE_F64:
+        f = tl.inline_asm_elementwise("mov.b64 $0, $1;", "=d,d", [f], dtype=tl.float64, is_pure=False, pack=1)
+    return f
+
+
+@triton.jit
+def _row_operands(v, AXIS: tl.constexpr, F64: tl.constexpr):
+    """``_row_digits`` (int8 digit products), or with ``F64`` the grid integers as fp64 in the first
+    operand slot (the other two repeat it; fp64 products of them are exact, module docstring)."""
+    if F64:
+        e, bad, zero, g = _row_grid(v, AXIS)
+        f = _f64_operand(g)
+        return e, bad, zero, f, f, f
+    else:
+        return _row_digits(v, AXIS)
 
 
 @triton.jit
@@ -113,8 +153,10 @@ def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl
 
 
 @triton.jit
-def _q_rows(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The packed query rows of block ``mb`` of KV head ``g``: indices, masks and q digits."""
+def _q_rows(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+            F64: tl.constexpr = False):
+    """The packed query rows of block ``mb`` of KV head ``g``: indices, masks and q operands
+    (``_row_operands``)."""
     row = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed row = query index * group + head in group
     qi = row // group  # segment-local query index
     hh = g * group + row % group  # query head
@@ -123,18 +165,18 @@ def _q_rows(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, B
     d_ok = rd < D
     qv = E.upcast(tl.load(q_ptr + (q0 + qi)[:, None] * sq_t + hh[:, None] * sq_h + rd[None, :],
                           mask=q_ok[:, None] & d_ok[None, :], other=0.0))
-    eq, q_bad, q_zero, qd0, qd1, qd2 = _row_digits(qv, 1)
+    eq, q_bad, q_zero, qd0, qd1, qd2 = _row_operands(qv, 1, F64)
     eq_safe = tl.where(q_bad, 0, eq)
     return qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad
 
 
 @triton.jit
 def _q_block(q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_D: tl.constexpr):
+             BLOCK_D: tl.constexpr, F64: tl.constexpr = False):
     """``_q_rows`` of block ``mb`` plus each row's last allowed key and the end of the keys the block
     needs (bottom-right causal, or every key)."""
     qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
-        q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
+        q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D, F64)
     if CAUSAL:
         limit = lk - lq + qi  # last allowed key per row
         kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
@@ -146,13 +188,21 @@ def _q_block(q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL: tl.constexp
 
 @triton.jit
 def _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Scores [BLOCK_M, BLOCK_N] of the q rows against key rows ``rows`` (NaN for non-finite rows)."""
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F64: tl.constexpr = False):
+    """Scores [BLOCK_M, BLOCK_N] of the q rows against key rows ``rows`` (NaN for non-finite rows).
+
+    The exact integer ``C = qint . kint`` (|C| <= D * 2**40) is rounded once to fp32 (P3): from nine
+    int8 digit products folded in int64, or (``F64``) from one fp64 product, exact while D <= 2**12.
+    """
     kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
                           mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
-    ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
-    c = _dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N)
-    y = _ldexp_clamped(E.int64_to_f32(c), eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
+    if F64:
+        ek, k_bad, k_zero, kg = _row_grid(kt, 0)
+        y = tl.dot(qd0, _f64_operand(kg), out_dtype=tl.float64).to(tl.float32)  # the exact integer, rounded once (RN)
+    else:
+        ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
+        y = E.int64_to_f32(_dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N))
+    y = _ldexp_clamped(y, eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
     y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
     return y * scale
 
@@ -205,31 +255,47 @@ def _p_grids(p, allowed, e_l, e_row, ev, v_zero):
 
 
 @triton.jit
-def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok):
-    """V rows ``rows`` [N, D] on their grids: (exponent, non-finite, zero, three int8 digits)."""
+def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64: tl.constexpr = False):
+    """V rows ``rows`` [N, D] on their grids: (exponent, non-finite, zero, three int8 digits), or
+    (``F64``) the grid integers as fp64 in the digit slots (``_row_operands``)."""
     vt = E.upcast(tl.load(v_ptr + rows[:, None] * sv_t + g * sv_h + rd[None, :],
                           mask=pos_ok[:, None] & d_ok[None, :], other=0.0))
-    return _row_digits(vt, 1)
+    return _row_operands(vt, 1, F64)
 
 
 @triton.jit
-def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
-             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One key tile of pass 2: (L terms [M], O_hi [M, D], O_lo [M, D], NaN-p flag [M]), exact integers."""
+def _pv_f64(r, vf, acc_hi, acc_lo):
+    """``acc_hi += R_hi @ Vint`` and ``acc_lo += R_lo @ Vint`` as fp64 products (R = R_hi * 2**20 + R_lo,
+    both limbs and Vint at most 2**20 in magnitude): exact while the accumulators cover at most
+    ``F64_KEYS`` keys (|sum| <= 2**12 * 2**40)."""
+    acc_hi = tl.dot(_f64_operand((r >> 20).to(tl.int32)), vf, acc_hi, out_dtype=tl.float64)
+    acc_lo = tl.dot(_f64_operand((r & 1048575).to(tl.int32)), vf, acc_lo, out_dtype=tl.float64)
+    return acc_hi, acc_lo
+
+
+@triton.jit
+def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row, acc_hi, acc_lo,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr = False):
+    """One key tile of pass 2 added into ``acc_hi``/``acc_lo`` (O_hi, O_lo): (L terms [M], acc_hi, acc_lo,
+    NaN-p flag [M]). int64 accumulators take nine int8 digit products each; fp64 ones (``F64``) one
+    fp64 product each (``_pv_f64``)."""
     p, pbad = _p_tile(s, allowed, ref)
-    ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+    ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64)
     dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
-    hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
-    o_hi = _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
-    ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
-    o_lo = _dot9(ld0, ld1, ld2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
-    return dl, o_hi, o_lo, pbad
+    if F64:
+        acc_hi, acc_lo = _pv_f64(r, vd0, acc_hi, acc_lo)
+    else:
+        hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
+        acc_hi += _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+        ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
+        acc_lo += _dot9(ld0, ld1, ld2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
+    return dl, acc_hi, acc_lo, pbad
 
 
 @triton.jit
 def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, table_stride, block_size, g, sk_t,
                  sk_h, sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F64: tl.constexpr = False):
     """Pass 1 over the allowed keys ``< kv_end`` of the q rows: the R5 row max, the max over keys with
     a non-zero V row, E = their max V exponent, the non-finite-V flag; (ref, e_l, E, vbad flag [M])."""
     best = tl.full([BLOCK_M], -2147483647, tl.int32)
@@ -242,7 +308,7 @@ def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, ta
         pos_ok = pos < lk
         rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
         s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                        BLOCK_M, BLOCK_N)
+                        BLOCK_M, BLOCK_N, F64)
         allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
         nan = E.is_nan(s)
         best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
@@ -261,7 +327,8 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, table_stride, block_size,
                           D, group, scale_bits,
                           PAGED: tl.constexpr, CAUSAL: tl.constexpr, OUT: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          F64: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
     g = tl.program_id(2)  # KV head; its `group` query heads share the program (GQA packing)
@@ -276,32 +343,42 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
     if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
         qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, limit, kv_end = _q_block(
-            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D)
+            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D, F64)
         rn = tl.arange(0, BLOCK_N)
 
         # ---- pass 1: R5 max of the scores, E = max V exponent, non-finite V rows -------------
         ref, e_l, e_row, vbad_any = _pass_maxima(
             k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, table_stride, block_size, g, sk_t, sk_h,
-            sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N)
+            sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
 
         # ---- pass 2: p = exp_c(s - ref); L and O as exact integer sums -------------------------
+        # (fp64 accumulators cover F64_KEYS keys at a time, then go into the int64 sums)
         big_l = tl.zeros([BLOCK_M], tl.int64)
         o_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
         o_lo = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
-        for j0 in range(0, kv_end, BLOCK_N):
-            pos = j0 + rn
-            pos_ok = pos < lk
-            rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-            s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                            BLOCK_M, BLOCK_N)
-            allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
-            dl, dhi, dlo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l, e_row,
-                                          BLOCK_M, BLOCK_D)
-            big_l += dl
-            o_hi += dhi
-            o_lo += dlo
-            pbad = tl.maximum(pbad, dbad)
+        if F64:
+            chunk = _F64_KEYS
+            acc_t = tl.float64
+        else:
+            chunk = _MAX_KEYS
+            acc_t = tl.int64
+        for c0 in range(0, kv_end, chunk):
+            acc_hi = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
+            acc_lo = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
+            for j0 in range(c0, tl.minimum(c0 + chunk, kv_end), BLOCK_N):
+                pos = j0 + rn
+                pos_ok = pos < lk
+                rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
+                s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                                BLOCK_M, BLOCK_N, F64)
+                allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+                dl, acc_hi, acc_lo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref,
+                                                    e_l, e_row, acc_hi, acc_lo, BLOCK_M, BLOCK_D, F64)
+                big_l += dl
+                pbad = tl.maximum(pbad, dbad)
+            o_hi += acc_hi.to(tl.int64)
+            o_lo += acc_lo.to(tl.int64)
 
         num = E.int2_to_out(o_hi, o_lo, 20, (e_row - 60)[:, None], 0)
         den = E.int64_to_out(big_l, e_l - 40, 0)
@@ -324,10 +401,18 @@ def _tiles(d: int, rows: int, target: TritonTarget) -> tuple[int, int, int, int]
     return 32, 32, bd, target.attention_warps
 
 
+def check_head_dim(op: str, d: int, target: TritonTarget) -> None:
+    """Refuse a head dim the fp64 score products cannot hold exactly (``F64_MAX_D``)."""
+    if target.attention_f64 and d > F64_MAX_D:
+        raise ValueError(f"{op}: head_dim D={d} exceeds {F64_MAX_D}, the most for which the {target.name} "
+                         f"kernels' fp64 score products stay exact (D * 2**40 < 2**53); split the heads")
+
+
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor | None,
             lens_k: torch.Tensor | None, table: torch.Tensor | None, block_size: int, hkv: int,
             scale: float | None, causal: bool, paged: bool, target: TritonTarget) -> torch.Tensor:
     tq, hq, d = q.shape
+    check_head_dim("attention", d, target)
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
     if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         # (the device test first: a CPU-only torch, as under the Triton interpreter, raises here)
@@ -355,7 +440,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
         PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-        num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
+        F64=target.attention_f64, num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
     return out
 
 
@@ -384,9 +469,9 @@ def static_specs(target: TritonTarget):
                            "so_t": "i64", "so_h": "i64", "table_stride": "i64", "block_size": "i32", "D": "i32",
                            "group": "i32", "scale_bits": "i32", "PAGED": "constexpr", "CAUSAL": "constexpr",
                            "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                           "BLOCK_D": "constexpr"},
+                           "BLOCK_D": "constexpr", "F64": "constexpr"},
                           {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": block_m,
-                           "BLOCK_N": 32, "BLOCK_D": 128}, options))
+                           "BLOCK_N": 32, "BLOCK_D": 128, "F64": target.attention_f64}, options))
     # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
     name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64, target)[2]), options))

@@ -31,17 +31,20 @@ from rlkernel import dispatch
 from . import _tl_exact as E
 from ._common import LAUNCH, OUT_CODE, f32_bits
 from .attention import (
+    F64_KEYS,
     _dot9_levels,
     _fold5,
     _key_rows,
     _p_grids,
     _p_tile,
+    _pv_f64,
     _q_rows,
     _row_ref,
     _score_tile,
     _tiles,
     _v_row_stats,
     _v_tile_digits,
+    check_head_dim,
 )
 from .targets import TritonTarget
 
@@ -109,7 +112,7 @@ def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tab
                   sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, block_size, D, group, hq, scale_bits,
                   n_split, keys_per_split, s_stride, acc_stride,
                   STORE_S: tl.constexpr, CAUSAL: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
     g = tl.program_id(2) // n_split  # KV head; its `group` query heads share the program (GQA packing)
@@ -119,7 +122,7 @@ def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tab
     if j_lo < j_hi:
         scale = scale_bits.to(tl.float32, bitcast=True)
         qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
-            q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
+            q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D, F64)
         if CAUSAL:
             limit = lk - lq + qi
         else:
@@ -136,7 +139,7 @@ def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tab
             pos_ok = pos < lk
             rows = _key_rows(b, pos, pos_ok, 0, table_ptr, table_stride, block_size, True)
             s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                            BLOCK_M, BLOCK_N)
+                            BLOCK_M, BLOCK_N, F64)
             if STORE_S:
                 tl.store(s_ptr + grow[:, None] * s_stride + pos[None, :], s, mask=q_ok[:, None] & pos_ok[None, :])
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
@@ -163,7 +166,7 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
                  sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, table_stride, block_size, D, group, hq, scale_bits,
                  n_split, keys_per_split, s_stride, acc_stride,
                  STORE_S: tl.constexpr, CAUSAL: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
     g = tl.program_id(2) // n_split
@@ -181,7 +184,7 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
             d_ok = rd < D
         else:
             qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad = _q_rows(
-                q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D)
+                q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M, BLOCK_D, F64)
         if CAUSAL:
             limit = lk - lq + qi
         else:
@@ -192,11 +195,13 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
         rn = tl.arange(0, BLOCK_N)
         big_l = tl.zeros([BLOCK_M], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
-        # O_hi and O_lo as five int32 digit-product levels each, folded once after the range
-        # (_splits keeps the key tiles of a split within the exact range of _dot9_levels)
+        # O_hi and O_lo as five int32 digit-product levels each, or (F64) as one fp64 accumulator each,
+        # folded once after the range (_splits keeps a split's keys within the exact range of both)
         h0 = tl.zeros([BLOCK_M, BLOCK_D], tl.int32)
         h1, h2, h3, h4 = h0, h0, h0, h0
         l0, l1, l2, l3, l4 = h0, h0, h0, h0, h0
+        f_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.float64)
+        f_lo = f_hi
         for j0 in range(j_lo, j_hi, BLOCK_N):
             pos = j0 + rn
             pos_ok = pos < lk
@@ -206,19 +211,26 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
                             other=0.0)
             else:
                 s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                                BLOCK_M, BLOCK_N)
+                                BLOCK_M, BLOCK_N, F64)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
             p, dbad = _p_tile(s, allowed, ref)
-            ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok)
+            ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64)
             dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
             big_l += dl
             pbad = tl.maximum(pbad, dbad)
-            hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
-            h0, h1, h2, h3, h4 = _dot9_levels(hd0, hd1, hd2, vd0, vd1, vd2, h0, h1, h2, h3, h4)
-            ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
-            l0, l1, l2, l3, l4 = _dot9_levels(ld0, ld1, ld2, vd0, vd1, vd2, l0, l1, l2, l3, l4)
-        o_hi = _fold5(h0, h1, h2, h3, h4)
-        o_lo = _fold5(l0, l1, l2, l3, l4)
+            if F64:
+                f_hi, f_lo = _pv_f64(r, vd0, f_hi, f_lo)
+            else:
+                hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
+                h0, h1, h2, h3, h4 = _dot9_levels(hd0, hd1, hd2, vd0, vd1, vd2, h0, h1, h2, h3, h4)
+                ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
+                l0, l1, l2, l3, l4 = _dot9_levels(ld0, ld1, ld2, vd0, vd1, vd2, l0, l1, l2, l3, l4)
+        if F64:
+            o_hi = f_hi.to(tl.int64)
+            o_lo = f_lo.to(tl.int64)
+        else:
+            o_hi = _fold5(h0, h1, h2, h3, h4)
+            o_lo = _fold5(l0, l1, l2, l3, l4)
         base = acc_ptr + grow * acc_stride
         od = q_ok[:, None] & d_ok[None, :]
         tl.atomic_add(base[:, None] + rd[None, :], o_hi, mask=od)
@@ -254,11 +266,12 @@ def _finish_kernel(acc_ptr, o_ptr, n_rows, hq, so_t, so_h, D, acc_stride, n_spli
 
 def _splits(n_tiles: int, bn: int, programs: int, device: torch.device, target: TritonTarget) -> tuple[int, int]:
     """(n_split, key tiles per split) from shapes: about ``split_k_waves`` programs per SM, and at
-    most as many tiles per split as int32 digit-product levels hold exactly (``_dot9_levels``:
-    one tile's level is at most ``3 * bn * 64**2``)."""
+    most as many tiles per split as its accumulators hold exactly: int32 digit-product levels
+    (``_dot9_levels``: one tile's level is at most ``3 * bn * 64**2``) or fp64 sums of at most
+    ``F64_KEYS`` keys (``_pv_f64``)."""
     if SMALL_SPLITS:
         return n_tiles, 1
-    max_tiles = (2**31 - 1) // (3 * bn * 64 * 64)
+    max_tiles = F64_KEYS // bn if target.attention_f64 else (2**31 - 1) // (3 * bn * 64 * 64)
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
     want = max(1, min(n_tiles, triton.cdiv(target.split_k_waves * sms, max(1, programs))),
@@ -284,6 +297,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     nb, bs, hkv, d = k_cache.shape
+    check_head_dim("attention_paged", d, target)
     kc = k_cache.contiguous().view(nb * bs, hkv, d)  # rows = block * block_size + slot
     vc = v_cache.contiguous().view(nb * bs, hkv, d)
     cu_q, lens, table = cu_seqlens_q.contiguous(), seq_lens_k.contiguous(), block_table.contiguous()
@@ -319,7 +333,8 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     args = (q, kc, vc, scores, acc, cu_q, lens, table,
             q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
             table.stride(0), bs, d, group, hq, f32_bits(scale), n_split, per * bn, s_width, acc_w)
-    consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
+    consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd,
+              "F64": target.attention_f64}
     grid = (m_blocks, n_seq, hkv * n_split)
     _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
     _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
@@ -342,10 +357,11 @@ def static_specs(target: TritonTarget):
                "table_stride": "i64", "block_size": "i32", "D": "i32", "group": "i32", "hq": "i32",
                "scale_bits": "i32", "n_split": "i32", "keys_per_split": "i32", "s_stride": "i32",
                "acc_stride": "i32", "STORE_S": "constexpr", "CAUSAL": "constexpr", "BLOCK_M": "constexpr",
-               "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"}
+               "BLOCK_N": "constexpr", "BLOCK_D": "constexpr", "F64": "constexpr"}
         for store_s in (True, False):
             for bm in (16, _tiles(128, 64, target)[0]):  # decode blocks, and chunked prefill through the cache
-                consts = {"STORE_S": store_s, "CAUSAL": True, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_D": 128}
+                consts = {"STORE_S": store_s, "CAUSAL": True, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_D": 128,
+                          "F64": target.attention_f64}
                 tag = f"{dt}_d128_m{bm}" + ("" if store_s else "_recompute")
                 specs.append(("attention_paged", f"stats_{tag}", _stats_kernel, sig, consts, options))
                 specs.append(("attention_paged", f"sums_{tag}", _sums_kernel, sig, consts, sums_options))

@@ -41,8 +41,13 @@ class TritonTarget:
     #: attention: warps of a 16-row (decode) block and of a 32-row block; pipeline stages
     attention_warps: int
     attention_stages: int
-    #: attention_paged's pass-2 kernel: warps / wavefronts (it holds ten int32 [BLOCK_M, D] level accumulators)
+    #: attention_paged's pass-2 kernel: warps / wavefronts (the int8 path holds ten int32 [BLOCK_M, D]
+    #: level accumulators, the fp64 path two fp64 ones)
     attention_sums_warps: int
+    #: attention's exact integer products (q.k, R.V) as fp64 matrix products (one for q.k, two for R.V,
+    #: DMMA / fp64 MFMA) instead of int8 digit products (nine, eighteen); exact either way, so the bits
+    #: are the same (backends/triton/attention.py)
+    attention_f64: bool = False
 
 
 CUDA = TritonTarget(
@@ -55,10 +60,11 @@ CUDA = TritonTarget(
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
     attention_warps=4, attention_stages=1,
-    # ten int32 [16, 128] accumulators are 160 registers a thread at 4 warps; ptxas (sm_90a) for
-    # the decode specialisation: 4 warps 255 registers + 600 B stack, 8 warps 255 + 296 B, 16 warps
-    # 128 registers and no spills (one program per SM in every case)
-    attention_sums_warps=16,
+    # the fp64 path's two fp64 [16, 128] accumulators are 64 registers a thread at 4 warps (the
+    # int8 path's ten int32 levels needed 16 warps to avoid spills: one program per SM)
+    attention_sums_warps=4,
+    # Triton 3.6 and 3.9 lower fp64 tl.dot to mma.sync ... .f64 on sm_90 (3.6: m16n8k16, 3.9: m8n8k4)
+    attention_f64=True,
 )
 
 ROCM = TritonTarget(
