@@ -23,7 +23,8 @@ sequence merged by integer atomics); ``small_tiles_<op>`` for the RL reductions 
 many programs merged by int64 atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
-``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32); its fma rounds twice (no
+``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32, and attention's fp64
+integers below 2**53, exact in numpy float64); its fma rounds twice (no
 kernel uses fma: contraction is off and the static checks forbid it); casts may truncate (every
 rounding cast here is integer bit arithmetic, or fp32 -> fp16, which numpy rounds to nearest
 even). The interpreter checks indexing, masking and the arithmetic sequence; the GPU run

@@ -7,19 +7,32 @@ one 16-row block (4 live rows) per KV head. Every row's arithmetic is its own, s
 cannot change a bit. Everything is made in registers from the bf16/fp16 tensors; D (the head
 dim) is one tile, so every row exponent (of a q, k or v row) is exact:
 
-- scores: q and k rows on their own 21-bit grids, three base-128 int8 digits each, nine
-  ``tl.dot(int8, int8, out_dtype=int32)`` into five level accumulators, folded exactly into
-  int64, ``ldexp_c(int_to_fp32(C), eq + ek - 40)`` (NaN for non-finite rows), ``RN32(y * scale)``;
+- scores: q and k rows on their own 21-bit grids (integers of at most 2**20), the exact integer
+  ``C = qint . kint`` rounded once to fp32, ``ldexp_c(., eq + ek - 40)`` (NaN for non-finite rows),
+  ``RN32(y * scale)``;
 - pass 1 over the allowed keys: the R5 row max ``m_i`` (integer order keys + NaN flag), the max
   ``c_i`` over the allowed keys with a non-zero V row, and ``E_i`` = max exponent of those V rows
   (and whether an allowed V row is non-finite); the reference max ``ref = max(c, m - 64)`` and
   ``e_l = expo(exp_c(m - ref))``;
 - pass 2: scores again, ``p = exp_c(s - ref)``; ``L += RNE(p * 2**(40 - e_l))`` (int64) and
   ``R = RNE(p * 2**(40 + e_j - E_i))``, split ``R = R_hi * 2**20 + R_lo``; ``O_hi += R_hi @ Vint``
-  and ``O_lo += R_lo @ Vint`` as nine int8 digit products each (every factor <= 2**20 in
-  magnitude), folded into int64 per key tile;
+  and ``O_lo += R_lo @ Vint`` (every factor <= 2**20 in magnitude), exact integer sums;
 - ``out = RN32((O_hi * 2**20 + O_lo) * 2**(E - 60)) ÷ RN32(L * 2**(e_l - 40))`` (each rounded once,
   IEEE division), cast.
+
+The integer products ``qint . kint`` and ``R_limb @ Vint`` run on one of two kinds of matrix unit
+(the target's ``attention_f64``), with the same result:
+
+- int8 (``F64=False``; ROCm): three balanced base-128 int8 digits per operand, nine
+  ``tl.dot(int8, int8, out_dtype=int32)`` per product into five level accumulators, folded into
+  int64 (per key tile here; ``attention_paged``'s pass 2 keeps the int32 levels over a split);
+- fp64 (``F64=True``; CUDA, ``mma.sync ... .f64``): the grid integers as fp64, one ``tl.dot`` per
+  product. Each elementwise product is below 2**40, so every partial sum over a head dim of at
+  most ``F64_MAX_D`` = 4096, or over ``F64_KEYS`` = 4096 keys, is an integer below 2**53: fp64
+  holds all of them exactly, so neither the order nor the unit's internal grouping of the sum can
+  round. The score integer goes to fp32 by one round-to-nearest-even conversion (P3); the PV sums
+  go into int64 every 4096 keys. This drops the digit split, the int64 folds and the integer
+  int64 -> fp32 routine per score, which is where decode spent its time.
 
 Every sum is an integer sum, so the key tiling (BLOCK_N), the paging (block size) and the
 position of a sequence in the batch cannot change a bit. ``attention_paged`` (attention_paged.py)

@@ -12,6 +12,8 @@ sequence is cut into ``n_split`` ranges of whole key tiles, one program each, me
 2. ``_sums_kernel`` (pass 2 over the same range): ``ref``, ``e_l``, ``E`` from the merged maxima;
    ``L``, ``O_hi``, ``O_lo`` as exact int64 sums, merged with ``atomic_add``; the NaN-p flag as a
    count, also by ``atomic_add``. No integer ``atomic_max``: it is a compare-and-swap loop on gfx90a.
+   Within a split, ``O_hi``/``O_lo`` are int32 digit-product levels (int8 path) or fp64 sums of at
+   most ``F64_KEYS`` keys (fp64 path, attention.py's docstring), both exact, folded once.
 3. ``_finish_kernel``: ``RN32(O 2**(E - 60)) ÷ RN32(L 2**(e_l - 40))``, NaN flags, cast.
 
 Integer maxima and integer sums do not depend on the order or grouping of their terms, so the
