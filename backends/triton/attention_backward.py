@@ -7,6 +7,8 @@ length) is the device-generic implementation's (``backends/generic/attention_bac
 program per (block of packed query rows, sequence, KV head) as ``attention``'s forward kernel,
 whose tile pieces it calls:
 
+- the scores of passes 1-3 are the forward's ``_score_tile`` (fp64 products on targets with
+  ``attention_f64``, int8 digit products elsewhere; the same bits, attention.py's docstring);
 - pass 1 over the allowed keys: the forward's maxima (``_pass_maxima``: the R5 row max, the
   reference max over keys with a non-zero V row, the non-finite V flag) -> ``ref``, ``e_l``;
 - pass 2: ``p = exp_c(s - ref)`` again and ``L = sum RNE(p * 2**(40 - e_l))`` (int64), the forward's
@@ -42,7 +44,7 @@ from rlkernel.backends.generic import attention_backward as _generic
 from . import _tl_exact as E
 from . import attention as _attention
 from ._common import LAUNCH, OUT_CODE, f32_bits
-from .attention import _p_tile, _pass_maxima, _q_block, _row_digits, _score_tile, _tiles
+from .attention import _p_tile, _pass_maxima, _q_block, _row_digits, _score_tile, _tiles, check_head_dim
 from .targets import TritonTarget
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps) of the gradient products (six int32 level tiles live in registers)
@@ -99,14 +101,14 @@ def _row_grid(x_ptr, t, hh, q_ok, s_t, s_h, rd, d_ok, BITS: tl.constexpr):
 
 @triton.jit
 def _key_tile(k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F64: tl.constexpr):
     """The key tile at ``j0`` of the q rows: (positions, in-sequence mask, key rows, allowed pairs,
     ``p = exp_c(s - ref)`` (0 where not allowed or NaN), NaN-p row flags)."""
     pos = j0 + rn
     pos_ok = pos < lk
     rows = (k0 + pos).to(tl.int64)
     s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                    BLOCK_M, BLOCK_N)
+                    BLOCK_M, BLOCK_N, F64)
     allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
     p, pbad = _p_tile(s, allowed, ref)
     return pos, pos_ok, rows, allowed, p, pbad
@@ -119,7 +121,7 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
                    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sdo_t, sdo_h, so_t, so_h,
                    g0, n_heads, LQ, LK, D, group, scale_bits,
                    CAUSAL: tl.constexpr, OUT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F64: tl.constexpr):
     mb = tl.program_id(0)
     i = tl.program_id(1)  # sequence of the batch
     gl = tl.program_id(2)  # KV head of the batch; its `group` query heads share the program
@@ -131,14 +133,14 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
     if mb * BLOCK_M < lq * group:
         scale = scale_bits.to(tl.float32, bitcast=True)
         qi, hh, q_ok, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, limit, kv_end = _q_block(
-            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D)
+            q_ptr, q0, lq, lk, mb, g, group, sq_t, sq_h, D, CAUSAL, BLOCK_M, BLOCK_D, F64)
         rn = tl.arange(0, BLOCK_N)
         dummy = seq_ptr
 
         # ---- pass 1: the forward's maxima -> ref, e_l -------------------------------------------
         ref, e_l, e_row, vbad_any = _pass_maxima(
             k_ptr, v_ptr, i, k0, lk, kv_end, limit, q_ok, rn, dummy, 0, 1, g, sk_t, sk_h,
-            sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, False, BLOCK_M, BLOCK_N)
+            sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, False, BLOCK_M, BLOCK_N, F64)
 
         # ---- pass 2: the forward's denominator l = RN32(L 2**(e_l - 40)) --------------------------
         big_l = tl.zeros([BLOCK_M], tl.int64)
@@ -146,7 +148,7 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         for j0 in range(0, kv_end, BLOCK_N):
             pos, pos_ok, rows, allowed, p, tbad = _key_tile(
                 k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
-                BLOCK_M, BLOCK_N)
+                BLOCK_M, BLOCK_N, F64)
             big_l += tl.sum(tl.where(allowed, E.to_fixed(p, e_l[:, None], 40), 0), axis=1)
             pbad = tl.maximum(pbad, tbad)
         den = E.int64_to_out(big_l, e_l - 40, 0)
@@ -165,7 +167,7 @@ def _abw_ds_kernel(q_ptr, k_ptr, v_ptr, do_ptr, o_ptr, seq_ptr, ds_ptr, p_ptr, b
         for j0 in range(0, kv_end, BLOCK_N):
             pos, pos_ok, rows, allowed, p, _ = _key_tile(
                 k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref,
-                BLOCK_M, BLOCK_N)
+                BLOCK_M, BLOCK_N, F64)
             pn = tl.math.div_rn(p, den[:, None])
             vt = E.upcast(tl.load(v_ptr + rows[None, :] * sv_t + g * sv_h + rd[:, None],
                                   mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
@@ -251,6 +253,7 @@ class TritonSteps(_generic.Steps):
                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, out: torch.Tensor,
                  scale_value: float, big_q: int, big_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n, h, d = len(seqs), g1 - g0, q.shape[-1]
+        check_head_dim("attention_backward", d, self.target)
         dev = q.device
         q, k, v, grad_out, out = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, grad_out, out))
         dsr = torch.zeros((n * h, group, big_q, big_k), dtype=q.dtype, device=dev)
@@ -267,7 +270,7 @@ class TritonSteps(_generic.Steps):
             grad_out.stride(0), grad_out.stride(1), out.stride(0), out.stride(1),
             g0, h, big_q, big_k, d, group, f32_bits(scale_value),
             CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-            num_warps=warps, num_stages=self.target.attention_stages, **LAUNCH)
+            F64=self.target.attention_f64, num_warps=warps, num_stages=self.target.attention_stages, **LAUNCH)
         return dsr, pr, bad.view(torch.bool)
 
     def _product(self, x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, scale: tuple[int, int]) -> torch.Tensor:
@@ -316,14 +319,15 @@ def static_specs(target: TritonTarget):
                                     "LQ", "LK")}
     sig.update({"g0": "i32", "n_heads": "i32", "D": "i32", "group": "i32", "scale_bits": "i32",
                 "seq_ptr": "*i64", "bad_ptr": "*i8", "CAUSAL": "constexpr", "OUT": "constexpr",
-                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr"})
+                "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_D": "constexpr", "F64": "constexpr"})
     specs = []
     for dt, out in (("bf16", 1), ("fp16", 2)):
         typed = dict(sig, **{name: f"*{dt}" for name in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "ds_ptr",
                                                           "p_ptr")})
         bm, bn, bd, _ = _tiles(128, 256, target)
         specs.append(("attention_backward", f"{dt}_d128", _abw_ds_kernel, typed,
-                      {"CAUSAL": True, "OUT": out, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}, options))
+                      {"CAUSAL": True, "OUT": out, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd,
+                       "F64": target.attention_f64}, options))
     name, _, fn, typed, consts, _ = specs[0]
     specs.append((name, "bf16_d128_noncausal", fn, typed, dict(consts, CAUSAL=False), options))
     specs.append((name, "bf16_d8", fn, typed, dict(consts, BLOCK_D=_tiles(8, 256, target)[2]), options))
