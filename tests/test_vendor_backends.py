@@ -103,6 +103,19 @@ def test_rocm_prefill_tile_fits_amd_lds() -> None:
     assert ROCM.warp_size == 64 and ROCM.compiler == "hip"
 
 
+def test_fp64_attention_products_only_where_exact() -> None:
+    """CUDA's attention takes fp64 products (Triton 3.6 cannot lower them for gfx942, so ROCm keeps the
+    int8 digits); a head dim whose q.k sums could pass 2**53 is refused with the bound, not rounded."""
+    from rlkernel.backends.triton.attention import F64_KEYS, F64_MAX_D, check_head_dim
+
+    assert CUDA.attention_f64 and not ROCM.attention_f64
+    assert F64_MAX_D * 2**40 <= 2**52 and F64_KEYS * 2**40 <= 2**52  # |operands| <= 2**20 each
+    check_head_dim("attention", F64_MAX_D, CUDA)
+    check_head_dim("attention", 2 * F64_MAX_D, ROCM)  # int8 digits fold into int64: no such bound
+    with pytest.raises(ValueError, match=r"head_dim D=8192 exceeds 4096.*split the heads"):
+        check_head_dim("attention", 2 * F64_MAX_D, CUDA)
+
+
 # ------------------------------------------------------------------------------------------- ascend, musa
 
 
