@@ -338,9 +338,9 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd,
               "F64": target.attention_f64}
     grid = (m_blocks, n_seq, hkv * n_split)
-    _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
+    _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages, **LAUNCH)
     _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
-                       num_stages=target.attention_stages, **LAUNCH)
+                       num_stages=target.attention_paged_stages, **LAUNCH)
     br = 16
     _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w, n_split,
                                                OUT=OUT_CODE[q.dtype], BLOCK_R=br, BLOCK_D=bd,
@@ -349,7 +349,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def static_specs(target: TritonTarget):
-    options = {"num_warps": target.attention_warps, "num_stages": target.attention_stages}
+    options = {"num_warps": target.attention_warps, "num_stages": target.attention_paged_stages}
     sums_options = dict(options, num_warps=max(target.attention_warps, target.attention_sums_warps))
     specs = []
     for dt in ("bf16", "fp16"):

@@ -48,6 +48,9 @@ class TritonTarget:
     #: DMMA / fp64 MFMA) instead of int8 digit products (nine, eighteen); exact either way, so the bits
     #: are the same (backends/triton/attention.py)
     attention_f64: bool = False
+    #: pipeline stages of attention_paged's two key-range kernels (the forward and backward kernels
+    #: take ``attention_stages``)
+    attention_paged_stages: int = 1
 
 
 CUDA = TritonTarget(
@@ -65,6 +68,9 @@ CUDA = TritonTarget(
     attention_sums_warps=4,
     # Triton 3.6 and 3.9 lower fp64 tl.dot to mma.sync ... .f64 on sm_90 (3.6: m16n8k16, 3.9: m8n8k4)
     attention_f64=True,
+    # two stages: 6-9 % faster on every paged decode bench shape, 3.5x slower for the prefill kernel
+    # (H200 at b27c290, tools/exp_attention_f64.py, docs/bench/h200-exp-attention-f64-b27c290.json)
+    attention_paged_stages=2,
 )
 
 ROCM = TritonTarget(
