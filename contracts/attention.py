@@ -884,8 +884,8 @@ def bench_cases() -> list[BenchCase]:
 
     large: Qwen3-8B (32 q heads), decode at batch 8/64 and context 1024/4096/8192, batch 256 at
     context 4096 and batch 8 at context 32768, Qwen3-0.6B (16 q heads) at batch 256 and context 128
-    (a decode step of the end-to-end rollout), prefill of 2048 and 8192 tokens. small: Qwen3-0.6B (16 q heads), decode at batch 1 (context 512) and 4
-    (context 128), prefill of 64 tokens.
+    (a decode step of the end-to-end rollout), prefill of 2048 and 8192 tokens. small: Qwen3-0.6B
+    (16 q heads), decode at batch 1 (context 512) and 4 (context 128), prefill of 64 tokens.
     """
     hkv, d, bs = 8, 128, 16
     decode = [("qwen3_8b", 32, "large", batch, ctx) for batch in (8, 64) for ctx in (1024, 4096, 8192)]
