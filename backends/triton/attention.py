@@ -306,6 +306,20 @@ def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l,
 
 
 @triton.jit
+def _key_scores(k_ptr, b, j0, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h, rd, d_ok,
+                qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, F64: tl.constexpr):
+    """The key tile at ``j0``: (in-sequence mask, key rows, scores, allowed (row, key) pairs)."""
+    pos = j0 + rn
+    pos_ok = pos < lk
+    rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
+    s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                    BLOCK_M, BLOCK_N, F64)
+    allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+    return pos_ok, rows, s, allowed
+
+
+@triton.jit
 def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, table_stride, block_size, g, sk_t,
                  sk_h, sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F64: tl.constexpr = False):
@@ -317,12 +331,9 @@ def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, ta
     e_big = tl.full([BLOCK_M], -1073741824, tl.int32)
     vbad_any = tl.zeros([BLOCK_M], tl.int32)
     for j0 in range(0, kv_end, BLOCK_N):
-        pos = j0 + rn
-        pos_ok = pos < lk
-        rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-        s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                        BLOCK_M, BLOCK_N, F64)
-        allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+        pos_ok, rows, s, allowed = _key_scores(
+            k_ptr, b, j0, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h, rd, d_ok,
+            qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
         nan = E.is_nan(s)
         best = tl.maximum(best, tl.max(tl.where(allowed & ~nan, E.max_key(s), -2147483647), axis=1))
         nanf = tl.maximum(nanf, tl.max((allowed & nan).to(tl.int32), axis=1))
@@ -380,12 +391,9 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             acc_hi = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
             acc_lo = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
             for j0 in range(c0, tl.minimum(c0 + chunk, kv_end), BLOCK_N):
-                pos = j0 + rn
-                pos_ok = pos < lk
-                rows = _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED)
-                s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                                BLOCK_M, BLOCK_N, F64)
-                allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+                pos_ok, rows, s, allowed = _key_scores(
+                    k_ptr, b, j0, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h, rd,
+                    d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
                 dl, acc_hi, acc_lo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref,
                                                     e_l, e_row, acc_hi, acc_lo, BLOCK_M, BLOCK_D, F64)
                 big_l += dl
