@@ -44,7 +44,7 @@ from rlkernel.backends.generic import attention_backward as _generic
 from . import _tl_exact as E
 from . import attention as _attention
 from ._common import LAUNCH, OUT_CODE, f32_bits
-from .attention import _p_tile, _pass_maxima, _q_block, _row_digits, _score_tile, _tiles, check_head_dim
+from .attention import _key_scores, _p_tile, _pass_maxima, _q_block, _row_digits, _tiles, check_head_dim
 from .targets import TritonTarget
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps) of the gradient products (six int32 level tiles live in registers)
@@ -104,14 +104,11 @@ def _key_tile(k_ptr, j0, rn, k0, lk, limit, q_ok, g, sk_t, sk_h, rd, d_ok, qd0, 
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F64: tl.constexpr):
     """The key tile at ``j0`` of the q rows: (positions, in-sequence mask, key rows, allowed pairs,
     ``p = exp_c(s - ref)`` (0 where not allowed or NaN), NaN-p row flags)."""
-    pos = j0 + rn
-    pos_ok = pos < lk
-    rows = (k0 + pos).to(tl.int64)
-    s = _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
-                    BLOCK_M, BLOCK_N, F64)
-    allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
+    # keys contiguous per sequence: the forward's key tile with no block table (b, table unused)
+    pos_ok, rows, s, allowed = _key_scores(k_ptr, 0, j0, rn, k0, lk, limit, q_ok, k_ptr, 0, 1, g, sk_t, sk_h, rd,
+                                           d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, False, BLOCK_M, BLOCK_N, F64)
     p, pbad = _p_tile(s, allowed, ref)
-    return pos, pos_ok, rows, allowed, p, pbad
+    return j0 + rn, pos_ok, rows, allowed, p, pbad
 
 
 # the per-batch sizes are never specialised: each value (divisible by 16 or not, equal to 1 or not)
