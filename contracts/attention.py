@@ -535,6 +535,49 @@ def _adv_nan_k_row(dtype: torch.dtype, tag: str) -> dict[str, Any]:
     return inp
 
 
+def _adv_decode_nonfinite(dtype: torch.dtype) -> dict[str, Any]:
+    """Decode (one query a sequence, 4 query heads on 2 KV heads): a NaN key element, an +inf key
+    element, a -inf value element and a zero value row, each in one sequence and KV head."""
+    inp = make_pack("decode_nonfinite", [(1, 6), (1, 12), (1, 9), (1, 3)], 4, 2, 64, dtype)
+    k, v = inp["k"].clone(), inp["v"].clone()
+    k[3, 0, 5] = float("nan")  # seq 0, KV head 0: its two query heads are NaN
+    k[10, 1, 0] = float("inf")  # seq 1, KV head 1
+    v[20, 0, 7] = float("-inf")  # seq 2, KV head 0
+    v[28, 1] = 0.0  # seq 3, KV head 1: a zero value row (not the reference max's row)
+    inp["k"], inp["v"] = k, v
+    return inp
+
+
+def _adv_decode_specials(dtype: torch.dtype) -> dict[str, Any]:
+    """Decode with the finite special values (±0, subnormals, extremes, 1 ± 1 ulp) in the k and v rows
+    of the last sequence (a non-finite one would make its one query NaN: ``_adv_decode_nonfinite``)
+    and a q row of the smallest subnormals in the first (4 query heads on 1 KV head)."""
+    inp = make_pack("decode_specials", [(1, 4), (1, 16)], 4, 1, 16, dtype)
+    sv = special_values(dtype)
+    q, k, v = inp["q"].clone(), inp["k"].clone(), inp["v"].clone()
+    for j, i in enumerate((0, 1, 5, 6, 7, 8, 9, 10, 11)):
+        k[4 + (j + 5) % 16, 0, (j * 3) % 16] = sv[i]
+        v[4 + (j + 7) % 16, 0, (j * 5) % 16] = sv[i]
+    q[0, 1] = sv[5]
+    inp["q"], inp["k"], inp["v"] = q, k, v
+    return inp
+
+
+def _adv_decode_sink(gap: float, value: float, dtype: torch.dtype) -> dict[str, Any]:
+    """``_adv_sink`` at decode: key 0 of each sequence about ``gap`` nats above the rest for the one
+    query (2 query heads a KV head, contexts of 20 and 40 keys)."""
+    inputs = make_pack(f"decode_sink_{gap}_{value}", [(1, 20), (1, 40)], 4, 2, 32, torch.float32)
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    scale = 1.0 / math.sqrt(q.shape[2])
+    q[..., 0] = 2.0
+    k[..., 0] = 0.0
+    for start in (0, 20):
+        k[start] = 0.0
+        k[start, :, 0] = (gap + 3.0) / (2.0 * scale)
+        v[start] = v[start] * value
+    return {**inputs, "q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
+
+
 def _adv_specials(dtype: torch.dtype, tag: str) -> dict[str, Any]:
     """Special values (±0, ±inf, NaN, subnormals, extremes) placed in q, k and v rows."""
     inp = make_pack(f"specials_{tag}", [(12, 12)], 2, 1, 16, dtype)
@@ -730,6 +773,22 @@ def adversarial_cases() -> list[Case]:
         Case("paged_fill_inf_fp16_bs5", "adversarial",
              lambda: to_paged(make_pack("paged_inf", [(3, 11), (1, 5)], 4, 2, 64, fp16), 5, "paged_inf",
                               fill=float("inf")), op="attention_paged"),
+        # decode through the cache (one query token a sequence, 2 and 4 query heads a KV head): the
+        # blocks backends run on their decode kernels, with the specials of the cases above
+        Case("paged_decode_nonfinite_bf16_bs4", "adversarial",
+             lambda: to_paged(_adv_decode_nonfinite(bf16), 4, "paged_decode_nonfinite"), op="attention_paged"),
+        Case("paged_decode_specials_fp16_bs8", "adversarial",
+             lambda: to_paged(_adv_decode_specials(fp16), 8, "paged_decode_specials"), op="attention_paged"),
+        Case("paged_decode_sink_gap20_zero_value_bf16_bs16", "adversarial",
+             lambda: to_paged(_adv_decode_sink(20.0, 0.0, bf16), 16, "pdg20z"), op="attention_paged"),
+        Case("paged_decode_sink_gap70_zero_value_bf16_bs16", "adversarial",
+             lambda: to_paged(_adv_decode_sink(70.0, 0.0, bf16), 16, "pdg70z"), op="attention_paged"),
+        Case("paged_decode_tiny_large_fp16_bs16", "adversarial",
+             lambda: to_paged({**make_pack("pd_large", [(1, 9), (1, 33)], 8, 2, 128, fp16, q_std=8.0, k_std=8.0,
+                                           v_std=1.0e4)}, 16, "pd_large"), op="attention_paged"),
+        Case("paged_decode_tiny_values_bf16_bs16", "adversarial",
+             lambda: to_paged(make_pack("pd_tiny", [(1, 5), (1, 40)], 4, 2, 64, bf16, q_std=2.0**-60, k_std=2.0**-60,
+                                        v_std=2.0**-100), 16, "pd_tiny"), op="attention_paged"),
         Case("paged_empty_seqs_bf16_bs16", "adversarial",
              lambda: to_paged(make_pack("paged_empty", [(0, 0), (2, 2), (0, 17)], 4, 2, 64, bf16), 16,
                               "paged_empty"), op="attention_paged"),

@@ -301,9 +301,10 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 
     saved_logits = backward.LOGITS_BYTES
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-             attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M)
+             attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
-    attention_paged.SMALL_SPLITS = True
+    # decode blocks through the matrix-unit kernels too (the other runs take attention_rows.py's)
+    attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF = True, True
     linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs)
     records = []
     try:
@@ -321,7 +322,7 @@ def run_tiling_checks() -> list[dict[str, Any]]:
             records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-         attention_paged.SMALL_SPLITS, linear.DECODE_MAX_M) = saved
+         attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M) = saved
         backward.LOGITS_BYTES = saved_logits
     records.extend(run_sample_split_checks())
     return records

@@ -1,9 +1,11 @@
-"""Experiment (issue 12, attention): int8 digit products against fp64 products, on one GPU.
+"""Experiment (issue 12, attention): the exact products on fp64 CUDA cores, fp64 MMAs and int8 MMAs, on one GPU.
 
 Not part of the product: runs ``attention_paged`` (decode) and ``attention`` (prefill) of the Triton
-backend with the CUDA target three times: with ``attention_f64`` (one fp64 product for q.k, two for R.V),
-the same with two pipeline stages, and with the int8 digit products (nine, eighteen; the sums kernel
-at its former 16 warps); checks that all give the same bytes (every product is an exact integer
+backend with the CUDA target three times: as configured (decode blocks of at most
+``attention_rows_max`` rows on attention_rows.py's fp64 CUDA-core kernels), with every decode block
+on the fp64 matrix-unit kernels (``attention_rows_max=0``), and with the int8 digit products (nine
+for q.k, eighteen for R.V), plus the decode kernels at one pipeline stage and at 16 keys a step;
+checks that all give the same bytes (every product is an exact integer
 either way), and times each (CUDA graph replays for decode, ``triton.testing.do_bench`` for
 prefill) next to the bench's native baseline. Writes JSON to argv[1]::
 
@@ -53,10 +55,12 @@ def main() -> None:
     from rlkernel.backends.triton.targets import CUDA
     from rlkernel.contracts.attention import bench_cases
 
-    int8 = dataclasses.replace(CUDA, attention_f64=False, attention_sums_warps=16)
-    # the fp64 path holds fewer registers: two pipeline stages may hide the loads' latency
-    f64_s2 = dataclasses.replace(CUDA, attention_stages=2)
-    variants = {"f64": CUDA, "f64_s2": f64_s2, "int8": int8}
+    int8 = dataclasses.replace(CUDA, attention_f64=False, attention_sums_warps=16, attention_rows_max=0)
+    mma = dataclasses.replace(CUDA, attention_rows_max=0)
+    rows_s1 = dataclasses.replace(CUDA, attention_paged_stages=1)
+    # (target, attention_rows.py's key step); the prefill cases run the first and the last only
+    variants = {"f64": (CUDA, 8), "f64_rows_s1": (rows_s1, 8), "f64_rows_n16": (CUDA, 16), "f64_mma": (mma, 8),
+                "int8": (int8, 8)}
     dev = torch.device("cuda")
     rows = []
     for case in bench_cases():
@@ -66,7 +70,9 @@ def main() -> None:
         paged = case.op == "attention_paged"
         row: dict = {"case": case.name}
         outs = {}
-        for name, target in variants.items():
+        names = list(variants) if paged else ["f64", "int8"]
+        for name in names:
+            target, P.ROWS_BLOCK_N = variants[name]
             if paged:
                 def call(t=target):
                     return P.attention_paged(kw["q"], kw["k_cache"], kw["v_cache"], kw["block_table"],
@@ -82,8 +88,9 @@ def main() -> None:
         row["native_ms"] = (_graph_ms(lambda: case.native(**kw)) if paged
                             else triton.testing.do_bench(lambda: case.native(**kw)))
         row["same_bytes"] = all(bool(torch.equal(outs[v].view(torch.int16), outs["int8"].view(torch.int16)))
-                                for v in variants)
-        for name in variants:
+                                for v in names)
+        P.ROWS_BLOCK_N = variants["f64"][1]
+        for name in names:
             row[f"{name}_ratio"] = row["native_ms"] / row[f"{name}_ms"]
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -316,13 +316,42 @@ def grid_int(x, e):
     Scaling by 2**(20-e) in two exact power-of-two steps (the first cannot round unless the
     result is below 1/2), then the 1.5 * 2**23 magic add rounds half-to-even to an integer.
     """
-    x = tl.where(is_finite(x), x, 0.0)
+    s1, s2 = grid_scales(e)
+    return grid_int_scaled(tl.where(is_finite(x), x, 0.0), s1, s2)
+
+
+@triton.jit
+def grid_scales(e):
+    """The two power-of-two factors (fp32) whose product is ``2**(20 - e)``, ``grid_int``'s steps.
+
+    Computed on a row's exponent before it is broadcast over the row, they cost one evaluation
+    per row instead of one per element."""
     k = GRID_C - e
     a = k >> 1
-    v = (x * pow2_f32(a)) * pow2_f32(k - a)
+    return pow2_f32(a), pow2_f32(k - a)
+
+
+@triton.jit
+def grid_int_scaled(x, s1, s2):
+    """``grid_int`` of finite fp32 ``x`` from its row's ``grid_scales`` (broadcast against ``x``)."""
+    v = (x * s1) * s2
     magic = 12582912.0  # 1.5 * 2**23
     r = v + magic
     return f32_bits(r) - 0x4B400000  # bits of 1.5 * 2**23
+
+
+@triton.jit
+def pow2_f64(k):
+    """fp64 ``2**k`` for int32 k in [-1022, 1023], built from the exponent bits."""
+    return ((k.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def rne_f64(x):
+    """``RNE(x)`` of fp64 ``|x| <= 2**51`` as fp64: the 1.5 * 2**52 magic add (one rounding, an
+    exact subtraction)."""
+    magic = 6755399441055744.0  # 1.5 * 2**52
+    return (x + magic) - magic
 
 
 

@@ -60,7 +60,6 @@ MAX_KEYS = 1 << 22
 F64_KEYS = 1 << 12
 #: head dims whose fp64 q.k products stay exact: |qint * kint| <= 2**40, so D <= 2**12 keeps |C| <= 2**52
 F64_MAX_D = 1 << 12
-_MAX_KEYS = tl.constexpr(MAX_KEYS)
 _F64_KEYS = tl.constexpr(F64_KEYS)
 #: an opaque copy ends what Triton 3.6 traces back from an fp64 dot operand to its bf16/fp16 load
 #: (computeOrigBitWidth): from a 16-bit load it picks a K width that its fp64 MMA lowering refuses
@@ -74,14 +73,17 @@ SMALL_TILES = False
 def _row_grid(v, AXIS: tl.constexpr):
     """Exponent (sentinel 2**20 if non-finite), non-finite flag, zero flag and the 21-bit grid
     integers ``RNE(v * 2**(20 - e))`` (int32, |g| <= 2**20) of rows of ``v`` along AXIS."""
-    fin = E.is_finite(v)
-    top = tl.max(tl.where(fin, E.abs_bits(v), 0), axis=AXIS)
-    bad = tl.max((~fin).to(tl.int32), axis=AXIS) != 0
+    a = E.abs_bits(v)
+    fin = a < 0x7F800000
+    top = tl.max(tl.where(fin, a, 0), axis=AXIS)
+    bad = tl.max(a, axis=AXIS) >= 0x7F800000  # a non-finite element's magnitude bits are the largest
     e = E.expo_from_abs_bits(top)
+    s1, s2 = E.grid_scales(e)  # per row, then broadcast (E.grid_int would make them per element)
+    vf = tl.where(fin, v, 0.0)
     if AXIS == 1:
-        g = E.grid_int(v, e[:, None])
+        g = E.grid_int_scaled(vf, s1[:, None], s2[:, None])
     else:
-        g = E.grid_int(v, e[None, :])
+        g = E.grid_int_scaled(vf, s1[None, :], s2[None, :])
     return e, bad, top == 0, g
 
 
@@ -96,7 +98,12 @@ def _row_digits(v, AXIS: tl.constexpr):
 @triton.jit
 def _f64_operand(g):
     """The int32 grid integers ``g`` as an fp64 ``tl.dot`` operand (exact), behind ``_OPAQUE_F64``'s copy."""
-    f = g.to(tl.float64)
+    return _f64_opaque(g.to(tl.float64))
+
+
+@triton.jit
+def _f64_opaque(f):
+    """fp64 ``f`` behind ``_OPAQUE_F64``'s copy, ready to be an fp64 ``tl.dot`` operand."""
     if _OPAQUE_F64:
         f = tl.inline_asm_elementwise("mov.b64 $0, $1;", "=d,d", [f], dtype=tl.float64, is_pure=False, pack=1)
     return f
@@ -159,8 +166,12 @@ def _dot9_levels(a0, a1, a2, b0, b1, b2, l0, l1, l2, l3, l4):
 def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl.constexpr):
     """Row index (in units of the t/slot axis) of key positions ``pos`` of sequence ``b``."""
     if PAGED:
-        blk = tl.load(table_ptr + b * table_stride + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
-        return blk * block_size + pos % block_size
+        # key positions (< MAX_KEYS) and cache rows (< 2**31: a cache of 2**31 token slots would
+        # hold terabytes a layer) in 32-bit unsigned arithmetic; only the row index is widened
+        p32 = pos.to(tl.uint32)
+        bs = block_size.to(tl.uint32)
+        blk = tl.load(table_ptr + b * table_stride + p32 // bs, mask=pos_ok, other=0).to(tl.uint32)
+        return (blk * bs + p32 % bs).to(tl.int64)
     else:
         return (k0 + pos).to(tl.int64)
 
@@ -207,14 +218,24 @@ def _score_tile(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qd0, qd1, qd2, eq_
     The exact integer ``C = qint . kint`` (|C| <= D * 2**40) is rounded once to fp32 (P3): from nine
     int8 digit products folded in int64, or (``F64``) from one fp64 product, exact while D <= 2**12.
     """
-    kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
-                          mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
     if F64:
-        ek, k_bad, k_zero, kg = _row_grid(kt, 0)
-        y = tl.dot(qd0, _f64_operand(kg), out_dtype=tl.float64).to(tl.float32)  # the exact integer, rounded once (RN)
+        # K rows as [N, D], the layout of the V tiles (one set of row indices for both)
+        kt = E.upcast(tl.load(k_ptr + rows[:, None] * sk_t + g * sk_h + rd[None, :],
+                              mask=pos_ok[:, None] & d_ok[None, :], other=0.0))  # [N, D]
+        ek, k_bad, k_zero, kg = _row_grid(kt, 1)
+        y = tl.dot(qd0, tl.trans(_f64_operand(kg)), out_dtype=tl.float64).to(tl.float32)  # exact, rounded once (RN)
     else:
+        kt = E.upcast(tl.load(k_ptr + rows[None, :] * sk_t + g * sk_h + rd[:, None],
+                              mask=pos_ok[None, :] & d_ok[:, None], other=0.0))  # [D, N]
         ek, k_bad, k_zero, kd0, kd1, kd2 = _row_digits(kt, 0)
         y = E.int64_to_f32(_dot9(qd0, qd1, qd2, kd0, kd1, kd2, BLOCK_M, BLOCK_N))
+    return _scores_from(y, eq_safe, q_bad, ek, k_bad, scale)
+
+
+@triton.jit
+def _scores_from(y, eq_safe, q_bad, ek, k_bad, scale):
+    """Scores [M, N] from ``y``, the integers ``C = qint . kint`` rounded once to fp32: ``ldexp_c(y, eq + ek
+    - 40)``, NaN for a non-finite q or k row, ``RN32(. * scale)``."""
     y = _ldexp_clamped(y, eq_safe[:, None] + tl.where(k_bad, 0, ek)[None, :] - 40)
     y = tl.where(q_bad[:, None] | k_bad[None, :], E.canonical_nan_f32(y), y)
     return y * scale
@@ -268,6 +289,34 @@ def _p_grids(p, allowed, e_l, e_row, ev, v_zero):
 
 
 @triton.jit
+def _p_terms_f64(p, allowed, e_l, e_row, ev, v_zero):
+    """``_p_grids`` in fp64 arithmetic, per (row, key): (L terms [M, N], R_hi [M, N], R_lo [M, N]), all fp64
+    integers, with ``R = R_hi * 2**20 + R_lo``, ``0 <= R_lo < 2**20``: ``_p_grids``' integers.
+
+    ``p * 2**(40 + e_j - E)`` and ``p * 2**(40 - e_l)`` are fp32 values times powers of two, exact in
+    fp64 (no exponent leaves its range), at most 2**40 (a contributing key's p is at most 1 and
+    ``e_j <= E``; an allowed key's p is below ``2**e_l``); one 1.5 * 2**52 magic add rounds each
+    half-to-even to an integer, as ``E.to_fixed`` does in int64. The limbs come from an exact floor
+    and an exact subtraction.
+    """
+    contrib = allowed & ~v_zero[None, :]
+    pf = tl.where(contrib, p, 0.0).to(tl.float64)
+    r = E.rne_f64((pf * E.pow2_f64(40 - e_row)[:, None]) * E.pow2_f64(tl.where(v_zero, 0, ev))[None, :])
+    r_hi = tl.math.floor(r * (1.0 / 1048576.0))
+    r_lo = r - r_hi * 1048576.0
+    lf = tl.where(allowed, p, 0.0).to(tl.float64) * E.pow2_f64(40 - e_l)[:, None]
+    return E.rne_f64(lf), r_hi, r_lo
+
+
+@triton.jit
+def _p_grids_f64(p, allowed, e_l, e_row, ev, v_zero):
+    """``_p_terms_f64`` with the tile's L terms summed (exactly: fewer than 2**13 terms below 2**40) into
+    int64 [M]: (L terms, R_hi, R_lo)."""
+    l_terms, r_hi, r_lo = _p_terms_f64(p, allowed, e_l, e_row, ev, v_zero)
+    return tl.sum(l_terms, axis=1).to(tl.int64), r_hi, r_lo
+
+
+@triton.jit
 def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64: tl.constexpr = False):
     """V rows ``rows`` [N, D] on their grids: (exponent, non-finite, zero, three int8 digits), or
     (``F64``) the grid integers as fp64 in the digit slots (``_row_operands``)."""
@@ -277,12 +326,12 @@ def _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64: tl.constex
 
 
 @triton.jit
-def _pv_f64(r, vf, acc_hi, acc_lo):
-    """``acc_hi += R_hi @ Vint`` and ``acc_lo += R_lo @ Vint`` as fp64 products (R = R_hi * 2**20 + R_lo,
-    both limbs and Vint at most 2**20 in magnitude): exact while the accumulators cover at most
+def _pv_f64(r_hi, r_lo, vf, acc_hi, acc_lo):
+    """``acc_hi += R_hi @ Vint`` and ``acc_lo += R_lo @ Vint`` as fp64 products (``_p_grids_f64``'s
+    limbs and Vint at most 2**20 in magnitude): exact while the accumulators cover at most
     ``F64_KEYS`` keys (|sum| <= 2**12 * 2**40)."""
-    acc_hi = tl.dot(_f64_operand((r >> 20).to(tl.int32)), vf, acc_hi, out_dtype=tl.float64)
-    acc_lo = tl.dot(_f64_operand((r & 1048575).to(tl.int32)), vf, acc_lo, out_dtype=tl.float64)
+    acc_hi = tl.dot(_f64_opaque(r_hi), vf, acc_hi, out_dtype=tl.float64)
+    acc_lo = tl.dot(_f64_opaque(r_lo), vf, acc_lo, out_dtype=tl.float64)
     return acc_hi, acc_lo
 
 
@@ -294,10 +343,11 @@ def _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref, e_l,
     fp64 product each (``_pv_f64``)."""
     p, pbad = _p_tile(s, allowed, ref)
     ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64)
-    dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
     if F64:
-        acc_hi, acc_lo = _pv_f64(r, vd0, acc_hi, acc_lo)
+        dl, r_hi, r_lo = _p_grids_f64(p, allowed, e_l, e_row, ev, v_zero)
+        acc_hi, acc_lo = _pv_f64(r_hi, r_lo, vd0, acc_hi, acc_lo)
     else:
+        dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
         hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
         acc_hi += _dot9(hd0, hd1, hd2, vd0, vd1, vd2, BLOCK_M, BLOCK_D)
         ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
@@ -347,12 +397,36 @@ def _pass_maxima(k_ptr, v_ptr, b, k0, lk, kv_end, limit, q_ok, rn, table_ptr, ta
 
 
 @triton.jit
+def _pv_range(j_lo, j_hi, k_ptr, v_ptr, b, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h,
+              sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref, e_l, e_row, big_l, pbad,
+              PAGED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              F64: tl.constexpr):
+    """Pass 2 over the key tiles in [j_lo, j_hi): (O_hi, O_lo sums of this range in fresh accumulators
+    (fp64 with ``F64``, else int64), L sums and NaN-p flags added to ``big_l`` / ``pbad``)."""
+    if F64:
+        acc_t = tl.float64
+    else:
+        acc_t = tl.int64
+    acc_hi = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
+    acc_lo = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
+    for j0 in range(j_lo, j_hi, BLOCK_N):
+        pos_ok, rows, s, allowed = _key_scores(
+            k_ptr, b, j0, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h, rd,
+            d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
+        dl, acc_hi, acc_lo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref,
+                                            e_l, e_row, acc_hi, acc_lo, BLOCK_M, BLOCK_D, F64)
+        big_l += dl
+        pbad = tl.maximum(pbad, dbad)
+    return acc_hi, acc_lo, big_l, pbad
+
+
+@triton.jit
 def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k_ptr, table_ptr,
                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, so_t, so_h, table_stride, block_size,
                           D, group, scale_bits,
                           PAGED: tl.constexpr, CAUSAL: tl.constexpr, OUT: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          F64: tl.constexpr):
+                          F64: tl.constexpr, ONE_CHUNK: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
     g = tl.program_id(2)  # KV head; its `group` query heads share the program (GQA packing)
@@ -376,30 +450,28 @@ def _attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, lens_k
             sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
 
         # ---- pass 2: p = exp_c(s - ref); L and O as exact integer sums -------------------------
-        # (fp64 accumulators cover F64_KEYS keys at a time, then go into the int64 sums)
         big_l = tl.zeros([BLOCK_M], tl.int64)
-        o_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
-        o_lo = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
         pbad = tl.zeros([BLOCK_M], tl.int32)
-        if F64:
-            chunk = _F64_KEYS
-            acc_t = tl.float64
+        if ONE_CHUNK:
+            # every sequence's keys fit one accumulator (int64, or fp64 over <= F64_KEYS keys): no
+            # int64 sums beside it (at 32 rows they would push the kernel into spilling registers)
+            acc_hi, acc_lo, big_l, pbad = _pv_range(
+                0, kv_end, k_ptr, v_ptr, b, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t,
+                sk_h, sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, ref, e_l, e_row, big_l, pbad,
+                PAGED, BLOCK_M, BLOCK_N, BLOCK_D, F64)
+            o_hi = acc_hi.to(tl.int64)
+            o_lo = acc_lo.to(tl.int64)
         else:
-            chunk = _MAX_KEYS
-            acc_t = tl.int64
-        for c0 in range(0, kv_end, chunk):
-            acc_hi = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
-            acc_lo = tl.zeros([BLOCK_M, BLOCK_D], acc_t)
-            for j0 in range(c0, tl.minimum(c0 + chunk, kv_end), BLOCK_N):
-                pos_ok, rows, s, allowed = _key_scores(
-                    k_ptr, b, j0, rn, k0, lk, limit, q_ok, table_ptr, table_stride, block_size, g, sk_t, sk_h, rd,
-                    d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale, PAGED, BLOCK_M, BLOCK_N, F64)
-                dl, acc_hi, acc_lo, dbad = _pv_tile(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, s, allowed, ref,
-                                                    e_l, e_row, acc_hi, acc_lo, BLOCK_M, BLOCK_D, F64)
-                big_l += dl
-                pbad = tl.maximum(pbad, dbad)
-            o_hi += acc_hi.to(tl.int64)
-            o_lo += acc_lo.to(tl.int64)
+            # fp64 accumulators cover F64_KEYS keys at a time, then go into the int64 sums
+            o_hi = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
+            o_lo = tl.zeros([BLOCK_M, BLOCK_D], tl.int64)
+            for c0 in range(0, kv_end, _F64_KEYS):
+                acc_hi, acc_lo, big_l, pbad = _pv_range(
+                    c0, tl.minimum(c0 + _F64_KEYS, kv_end), k_ptr, v_ptr, b, rn, k0, lk, limit, q_ok, table_ptr,
+                    table_stride, block_size, g, sk_t, sk_h, sv_t, sv_h, rd, d_ok, qd0, qd1, qd2, eq_safe, q_bad, scale,
+                    ref, e_l, e_row, big_l, pbad, PAGED, BLOCK_M, BLOCK_N, BLOCK_D, F64)
+                o_hi += acc_hi.to(tl.int64)
+                o_lo += acc_lo.to(tl.int64)
 
         num = E.int2_to_out(o_hi, o_lo, 20, (e_row - 60)[:, None], 0)
         den = E.int64_to_out(big_l, e_l - 40, 0)
@@ -441,10 +513,16 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         # segments (rlkernel.ops.attention_paged's docstring), so the longest is <= Tq - B + 1
         n_seq = cu_q.shape[0] - 1
         max_lq = tq - n_seq + 1
+        max_lk = k.shape[0]
     else:
-        cq = [int(x) for x in cu_q.tolist()]
+        # one host read for both offset vectors
+        both = [int(x) for x in (torch.cat((cu_q, cu_k)) if cu_k is not None else cu_q).tolist()]
+        cq, ck = both[:cu_q.shape[0]], both[cu_q.shape[0]:]
         n_seq = len(cq) - 1
         max_lq = max((cq[i + 1] - cq[i] for i in range(n_seq)), default=0)
+        max_lk = max((ck[i + 1] - ck[i] for i in range(len(ck) - 1)), default=0)
+    if paged:
+        max_lk = table.shape[1] * block_size
     if tq == 0 or n_seq == 0 or max_lq == 0:
         return out
     if scale is None:
@@ -461,7 +539,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
         PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-        F64=target.attention_f64, num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
+        F64=target.attention_f64, ONE_CHUNK=not target.attention_f64 or max_lk <= F64_KEYS,
+        num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
     return out
 
 
@@ -490,13 +569,15 @@ def static_specs(target: TritonTarget):
                            "so_t": "i64", "so_h": "i64", "table_stride": "i64", "block_size": "i32", "D": "i32",
                            "group": "i32", "scale_bits": "i32", "PAGED": "constexpr", "CAUSAL": "constexpr",
                            "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                           "BLOCK_D": "constexpr", "F64": "constexpr"},
+                           "BLOCK_D": "constexpr", "F64": "constexpr", "ONE_CHUNK": "constexpr"},
                           {"PAGED": paged, "CAUSAL": True, "OUT": 1 if dt == "bf16" else 2, "BLOCK_M": block_m,
-                           "BLOCK_N": 32, "BLOCK_D": 128, "F64": target.attention_f64}, options))
+                           "BLOCK_N": 32, "BLOCK_D": 128, "F64": target.attention_f64, "ONE_CHUNK": True}, options))
     # the smallest tiles the launcher uses (head_dim <= 32): the int8 dots' K is then 32
     name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d8", fn, sig, dict(consts, BLOCK_M=32, BLOCK_D=_tiles(8, 64, target)[2]), options))
     # decode through packed sequences: 16 packed rows (one token x the query heads of a KV head)
     name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16), options))
+    if target.attention_f64:  # sequences of more than F64_KEYS keys: fp64 sums folded into int64 ones per chunk
+        specs.append((name, "bf16_d128_chunks", fn, sig, dict(consts, BLOCK_M=32, ONE_CHUNK=False), options))
     return specs

@@ -38,6 +38,7 @@ from .attention import (
     _fold5,
     _key_rows,
     _p_grids,
+    _p_grids_f64,
     _p_tile,
     _pv_f64,
     _q_rows,
@@ -48,66 +49,28 @@ from .attention import (
     _v_tile_digits,
     check_head_dim,
 )
+from .attention_rows import _rows_stats_kernel, _rows_sums_kernel
+from .attention_split import (
+    _C_L,
+    _C_PBAD,
+    _EXTRA_N,
+    _STATS_N,
+    _add_sums,
+    _merged_stats,
+    _split_range,
+    _store_stats,
+)
 from .targets import TritonTarget
 
 #: interpreter tests: one key tile per split (many splits at small contexts)
 SMALL_SPLITS = False
 #: pass 1 stores the scores for pass 2 when the scratch (Tq * Hq * max_keys fp32) is at most this
 STORE_S_MAX_BYTES = 512 << 20
-
-# accumulator columns after the two O limbs (2 * BLOCK_D columns): L, then the maxima and flags
-_C_L = tl.constexpr(0)
-_C_PBAD = tl.constexpr(6)
-_EXTRA_N, _STATS_N = 8, 5  # host copies of _EXTRA and _STATS
-_EXTRA = tl.constexpr(_EXTRA_N)
-#: per split, after the extras: its pass-1 maxima (one writer each, merged by the readers)
-_C_BEST = tl.constexpr(0)
-_C_BESTC = tl.constexpr(1)
-_C_NAN = tl.constexpr(2)
-_C_EBIG = tl.constexpr(3)
-_C_VBAD = tl.constexpr(4)
-_STATS = tl.constexpr(_STATS_N)
-#: int32 order keys >= -2**31 + 1 stored as key + 2**31 >= 1; 0 = no key
-_KEY_OFF = tl.constexpr(2147483648)
-#: V exponents > -2**30 stored as e + 2**30 > 0; 0 = no row
-_E_OFF = tl.constexpr(1073741824)
-
-
-@triton.jit
-def _merged_stats(acc_ptr, grow, ok, acc_stride, n_split, BLOCK_D: tl.constexpr):
-    """The merged pass-1 maxima of rows ``grow``: (best, best_c, nanf, e_big, vbad) as attention.py's
-    sentinels, the integer maxima over the splits' written slots (0, the zero-fill, is neutral)."""
-    base = acc_ptr + grow * acc_stride + 2 * BLOCK_D + _EXTRA
-    best = (grow * 0).to(tl.int64)
-    best_c, nanf, e_big, vbad = best, best, best, best
-    for sp in range(0, n_split):
-        slot = base + sp * _STATS
-        best = tl.maximum(best, tl.load(slot + _C_BEST, mask=ok, other=0))
-        best_c = tl.maximum(best_c, tl.load(slot + _C_BESTC, mask=ok, other=0))
-        nanf = tl.maximum(nanf, tl.load(slot + _C_NAN, mask=ok, other=0))
-        e_big = tl.maximum(e_big, tl.load(slot + _C_EBIG, mask=ok, other=0))
-        vbad = tl.maximum(vbad, tl.load(slot + _C_VBAD, mask=ok, other=0))
-    best = (tl.maximum(best, 1) - _KEY_OFF).to(tl.int32)
-    best_c = (tl.maximum(best_c, 1) - _KEY_OFF).to(tl.int32)
-    return best, best_c, nanf.to(tl.int32), (e_big - _E_OFF).to(tl.int32), vbad.to(tl.int32)
-
-
-@triton.jit
-def _split_range(b, mb, split, cu_q_ptr, lens_k_ptr, keys_per_split, group,
-                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(q0, lq, lk, first key, end key) of this program's key range (empty when first >= end)."""
-    q0 = tl.load(cu_q_ptr + b).to(tl.int64)
-    lq = tl.load(cu_q_ptr + b + 1).to(tl.int64) - q0
-    lk = tl.load(lens_k_ptr + b).to(tl.int64)
-    if CAUSAL:
-        kv_end = tl.minimum(lk, lk - lq + tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // group + 1, lq))
-    else:
-        kv_end = lk
-    j_lo = split * keys_per_split
-    j_hi = tl.minimum(kv_end, j_lo + keys_per_split)
-    j_hi = tl.where(mb * BLOCK_M < lq * group, j_hi, j_lo)  # no live rows in this block
-    return q0, lq, lk, j_lo, j_hi
-
+#: the key step of attention_rows.py's kernels: 8 keys over 2 lanes x 4 warps, one key row (8
+#: head-dim elements a thread) each
+ROWS_BLOCK_N = 8
+#: interpreter tests of the matrix-unit kernels at decode shapes turn the rows kernels off
+ROWS_OFF = False
 
 @triton.jit
 def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, table_ptr,
@@ -153,14 +116,7 @@ def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tab
             best_c = tl.maximum(best_c, tl.max(tl.where(contrib & ~nan, E.max_key(s), -2147483647), axis=1))
             e_big = tl.maximum(e_big, tl.max(tl.where(contrib, ev[None, :], -1073741824), axis=1))
             vbad_any = tl.maximum(vbad_any, tl.max((allowed & vbad[None, :]).to(tl.int32), axis=1))
-        # this split's maxima in its own slots (one writer per row and split: no atomics; an
-        # integer atomic max is a compare-and-swap loop on gfx90a, which the AMD checks refuse)
-        base = acc_ptr + grow * acc_stride + 2 * BLOCK_D + _EXTRA + split * _STATS
-        tl.store(base + _C_BEST, best.to(tl.int64) + _KEY_OFF, mask=q_ok)
-        tl.store(base + _C_BESTC, best_c.to(tl.int64) + _KEY_OFF, mask=q_ok)
-        tl.store(base + _C_NAN, nanf.to(tl.int64), mask=q_ok)
-        tl.store(base + _C_EBIG, e_big.to(tl.int64) + _E_OFF, mask=q_ok)
-        tl.store(base + _C_VBAD, vbad_any.to(tl.int64), mask=q_ok)
+        _store_stats(acc_ptr, grow, q_ok, acc_stride, split, best, best_c, nanf, e_big, vbad_any, BLOCK_D)
 
 
 @triton.jit
@@ -217,28 +173,24 @@ def _sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, tabl
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
             p, dbad = _p_tile(s, allowed, ref)
             ev, v_bad, v_zero, vd0, vd1, vd2 = _v_tile_digits(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok, F64)
-            dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
-            big_l += dl
             pbad = tl.maximum(pbad, dbad)
             if F64:
-                f_hi, f_lo = _pv_f64(r, vd0, f_hi, f_lo)
+                dl, r_hi, r_lo = _p_grids_f64(p, allowed, e_l, e_row, ev, v_zero)
+                f_hi, f_lo = _pv_f64(r_hi, r_lo, vd0, f_hi, f_lo)
             else:
+                dl, r = _p_grids(p, allowed, e_l, e_row, ev, v_zero)
                 hd0, hd1, hd2 = E.split3((r >> 20).to(tl.int32))
                 h0, h1, h2, h3, h4 = _dot9_levels(hd0, hd1, hd2, vd0, vd1, vd2, h0, h1, h2, h3, h4)
                 ld0, ld1, ld2 = E.split3((r & 1048575).to(tl.int32))
                 l0, l1, l2, l3, l4 = _dot9_levels(ld0, ld1, ld2, vd0, vd1, vd2, l0, l1, l2, l3, l4)
+            big_l += dl
         if F64:
             o_hi = f_hi.to(tl.int64)
             o_lo = f_lo.to(tl.int64)
         else:
             o_hi = _fold5(h0, h1, h2, h3, h4)
             o_lo = _fold5(l0, l1, l2, l3, l4)
-        base = acc_ptr + grow * acc_stride
-        od = q_ok[:, None] & d_ok[None, :]
-        tl.atomic_add(base[:, None] + rd[None, :], o_hi, mask=od)
-        tl.atomic_add(base[:, None] + BLOCK_D + rd[None, :], o_lo, mask=od)
-        tl.atomic_add(base + 2 * BLOCK_D + _C_L, big_l, mask=q_ok)
-        tl.atomic_add(base + 2 * BLOCK_D + _C_PBAD, pbad.to(tl.int64), mask=q_ok)  # a count: non-zero = a NaN p
+        _add_sums(acc_ptr, grow, q_ok, rd, d_ok, acc_stride, o_hi, o_lo, big_l, pbad, BLOCK_D)
 
 
 @triton.jit
@@ -323,6 +275,9 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scale = default_scale(d)
     group = hq // hkv
     bm, bn, bd, warps = _tiles(d, max_lq * group, target)
+    rows_path = target.attention_f64 and max_lq * group <= target.attention_rows_max and not ROWS_OFF
+    if rows_path:  # decode: the few packed rows of a block on the fp64 CUDA cores (_rows_stats_kernel)
+        bm, bn, warps = triton.next_power_of_2(max_lq * group), ROWS_BLOCK_N, target.attention_warps
     max_keys = table.shape[1] * bs
     n_tiles = max(1, triton.cdiv(max_keys, bn))
     m_blocks = triton.cdiv(max_lq * group, bm)
@@ -335,12 +290,18 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     args = (q, kc, vc, scores, acc, cu_q, lens, table,
             q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
             table.stride(0), bs, d, group, hq, f32_bits(scale), n_split, per * bn, s_width, acc_w)
-    consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd,
-              "F64": target.attention_f64}
+    consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
     grid = (m_blocks, n_seq, hkv * n_split)
-    _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages, **LAUNCH)
-    _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
-                       num_stages=target.attention_paged_stages, **LAUNCH)
+    if rows_path:
+        _rows_stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages,
+                                 **LAUNCH)
+        _rows_sums_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages,
+                                **LAUNCH)
+    else:
+        consts["F64"] = target.attention_f64
+        _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages, **LAUNCH)
+        _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
+                           num_stages=target.attention_paged_stages, **LAUNCH)
     br = 16
     _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w, n_split,
                                                OUT=OUT_CODE[q.dtype], BLOCK_R=br, BLOCK_D=bd,
@@ -367,6 +328,16 @@ def static_specs(target: TritonTarget):
                 tag = f"{dt}_d128_m{bm}" + ("" if store_s else "_recompute")
                 specs.append(("attention_paged", f"stats_{tag}", _stats_kernel, sig, consts, options))
                 specs.append(("attention_paged", f"sums_{tag}", _sums_kernel, sig, consts, sums_options))
+        rows_sig = {k: v for k, v in sig.items() if k != "F64"}
+        for store_s in (True, False):
+            for bm in (2, 4):  # decode of GQA groups of 2 (Qwen3-0.6B) and 4 (Qwen3-8B)
+                consts = {"STORE_S": store_s, "CAUSAL": True, "BLOCK_M": bm, "BLOCK_N": ROWS_BLOCK_N, "BLOCK_D": 128}
+                tag = f"{dt}_d128_r{bm}" + ("" if store_s else "_recompute")
+                if target.attention_f64 and bm <= target.attention_rows_max:
+                    specs.append(("attention_paged", f"rows_stats_{tag}", _rows_stats_kernel, rows_sig, consts,
+                                  options))
+                    specs.append(("attention_paged", f"rows_sums_{tag}", _rows_sums_kernel, rows_sig, consts,
+                                  options))
         specs.append(("attention_paged", f"finish_{dt}_d128", _finish_kernel,
                       {"acc_ptr": "*i64", "o_ptr": f"*{dt}", "n_rows": "i32", "hq": "i32", "so_t": "i64",
                        "so_h": "i64", "D": "i32", "acc_stride": "i32", "n_split": "i32", "OUT": "constexpr",

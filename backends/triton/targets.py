@@ -51,6 +51,9 @@ class TritonTarget:
     #: pipeline stages of attention_paged's two key-range kernels (the forward and backward kernels
     #: take ``attention_stages``)
     attention_paged_stages: int = 1
+    #: attention_paged blocks of at most this many packed query rows (decode) run attention_rows.py's
+    #: fp64 CUDA-core kernels instead of the matrix-unit ones (0: never; needs ``attention_f64``)
+    attention_rows_max: int = 0
 
 
 CUDA = TritonTarget(
@@ -71,6 +74,9 @@ CUDA = TritonTarget(
     # two stages: 6-9 % faster on every paged decode bench shape, 3.5x slower for the prefill kernel
     # (H200 at b27c290, tools/exp_attention_f64.py, docs/bench/h200-exp-attention-f64-b27c290.json)
     attention_paged_stages=2,
+    # decode of GQA groups of up to 4 query heads a KV head on the fp64 CUDA cores: at 8 rows the
+    # pass-2 kernel spills registers (ptxas for sm_90), at 4 it holds 220, at 2 (Qwen3-0.6B) 127
+    attention_rows_max=4,
 )
 
 ROCM = TritonTarget(
