@@ -87,3 +87,20 @@ def test_backend_exposes_static_checks() -> None:
     from rlkernel.backends.cuda import CudaBackend
 
     assert callable(getattr(CudaBackend(), "static_checks", None))
+
+
+def test_paged_kernels_compile_with_block_size_one() -> None:
+    """Triton turns an integer argument equal to 1 into a constant at launch: the paged attention
+    kernels (matrix-unit and decode rows, both passes) must compile when ``block_size`` is 1, as
+    the conformance case ``paged_prefill_h4_2_d64_bf16_bs1`` launches them (the interpreter does not
+    specialise, so only a compile shows it)."""
+    from rlkernel.backends.triton.compile import compile_for
+
+    kernels = {}
+    for op, case, fn, sig, consts, opts in sc.all_specs():
+        if op == "attention_paged" and not case.startswith("finish") and fn.__name__ not in kernels:
+            kernels[fn.__name__] = (fn, dict(sig, block_size="constexpr"), dict(consts, block_size=1), opts)
+    assert {"_stats_kernel", "_sums_kernel", "_rows_stats_kernel", "_rows_sums_kernel"} <= set(kernels)
+    for fn, sig, consts, opts in kernels.values():
+        compile_for(fn, sig, consts, compiler="cuda", arch=90, warp_size=32,
+                    options=dict(opts, enable_fp_fusion=False))

@@ -169,7 +169,7 @@ def _key_rows(b, pos, pos_ok, k0, table_ptr, table_stride, block_size, PAGED: tl
         # key positions (< MAX_KEYS) and cache rows (< 2**31: a cache of 2**31 token slots would
         # hold terabytes a layer) in 32-bit unsigned arithmetic; only the row index is widened
         p32 = pos.to(tl.uint32)
-        bs = block_size.to(tl.uint32)
+        bs = tl.cast(block_size, tl.uint32)  # (block_size 1 arrives as a constant)
         blk = tl.load(table_ptr + b * table_stride + p32 // bs, mask=pos_ok, other=0).to(tl.uint32)
         return (blk * bs + p32 % bs).to(tl.int64)
     else:
