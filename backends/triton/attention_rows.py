@@ -66,17 +66,35 @@ def _q3(q_ptr, q0, lq, mb, g, group, sq_t, sq_h, D, BLOCK_M: tl.constexpr, BLOCK
 
 @triton.jit
 def _kv3(ptr, rows, pos_ok, g, s_t, s_h, rd, d_ok):
-    """K or V rows ``rows`` as a [1, N, D] fp32 tile."""
+    """K or V rows ``rows`` as a [1, N, D] tile, as stored (bf16/fp16)."""
     base = rows * s_t + g * s_h
-    return E.upcast(tl.load(ptr + base[None, :, None] + rd[None, None, :],
-                            mask=pos_ok[None, :, None] & d_ok[None, None, :], other=0.0))
+    return tl.load(ptr + base[None, :, None] + rd[None, None, :], mask=pos_ok[None, :, None] & d_ok[None, None, :],
+                   other=0.0)
 
 
 @triton.jit
-def _scores3(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qf, eq_safe, q_bad, scale):
-    """Scores [M, N] of the q rows against key rows ``rows``: the exact integers ``qint . kint`` as fp64
-    products summed over the head dim in fp64 (module docstring), rounded once to fp32."""
-    ek, k_bad, k_zero, kf = _grid3(_kv3(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok))
+def _prefetch(b, j0, rn, lk, rows_next, k_ptr, v_ptr, g, sk_t, sk_h, sv_t, sv_h, rd, d_ok, table_ptr, table_stride,
+              block_size, BLOCK_N: tl.constexpr, LOAD_K: tl.constexpr):
+    """The loads ahead of key tile ``j0``: the K (``LOAD_K``; zeros else) and V tiles of the next one
+    (``rows_next``, its cache rows) and the cache rows of the one after. Issued before tile ``j0``'s
+    arithmetic, they wait under it instead of in front of it (each key step is a block-table load,
+    then K and V loads that need it)."""
+    ok1 = j0 + BLOCK_N + rn < lk
+    v1 = _kv3(v_ptr, rows_next, ok1, g, sv_t, sv_h, rd, d_ok)
+    if LOAD_K:
+        k1 = _kv3(k_ptr, rows_next, ok1, g, sk_t, sk_h, rd, d_ok)
+    else:
+        k1 = tl.zeros_like(v1)
+    pos2 = j0 + 2 * BLOCK_N + rn
+    rows2 = _key_rows(b, pos2, pos2 < lk, 0, table_ptr, table_stride, block_size, True)
+    return k1, v1, rows2
+
+
+@triton.jit
+def _scores3(kt, qf, eq_safe, q_bad, scale):
+    """Scores [M, N] of the q rows against the key tile ``kt`` [1, N, D]: the exact integers ``qint . kint``
+    as fp64 products summed over the head dim in fp64 (module docstring), rounded once to fp32."""
+    ek, k_bad, k_zero, kf = _grid3(E.upcast(kt))
     c = tl.sum(qf * kf, axis=2)  # [M, N]
     return _scores_from(c.to(tl.float32), eq_safe, q_bad, tl.max(ek, axis=0), tl.max(k_bad.to(tl.int32), axis=0) != 0,
                         scale)
@@ -111,11 +129,17 @@ def _rows_stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr
         nanf = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         e_big = tl.full([BLOCK_M, BLOCK_N], -1073741824, tl.int32)
         vbad_any = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+        # the first tile's K and V and the second tile's rows; each step then loads ahead (_prefetch)
+        rows0 = _key_rows(b, j_lo + rn, j_lo + rn < lk, 0, table_ptr, table_stride, block_size, True)
+        kt, vt, rows_next = _prefetch(b, j_lo - BLOCK_N, rn, lk, rows0, k_ptr, v_ptr, g, sk_t, sk_h, sv_t, sv_h, rd,
+                                      d_ok, table_ptr, table_stride, block_size, BLOCK_N, True)
         for j0 in range(j_lo, j_hi, BLOCK_N):
             pos = j0 + rn
             pos_ok = pos < lk
-            rows = _key_rows(b, pos, pos_ok, 0, table_ptr, table_stride, block_size, True)
-            s = _scores3(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qf, eq_safe, q_bad, scale)
+            k_cur, v_cur = kt, vt
+            kt, vt, rows_next = _prefetch(b, j0, rn, lk, rows_next, k_ptr, v_ptr, g, sk_t, sk_h, sv_t, sv_h, rd, d_ok,
+                                          table_ptr, table_stride, block_size, BLOCK_N, True)
+            s = _scores3(k_cur, qf, eq_safe, q_bad, scale)
             if STORE_S:
                 tl.store(s_ptr + grow[:, None] * s_stride + pos[None, :], s, mask=q_ok[:, None] & pos_ok[None, :])
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
@@ -123,7 +147,7 @@ def _rows_stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr
             key = E.max_key(s)
             best = tl.maximum(best, tl.where(allowed & ~nan, key, -2147483647))
             nanf = tl.maximum(nanf, (allowed & nan).to(tl.int32))
-            a = E.abs_bits(_kv3(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok))
+            a = E.abs_bits(E.upcast(v_cur))
             vtop = tl.max(tl.max(tl.where(a < 0x7F800000, a, 0), axis=2), axis=0)
             vbad = tl.max(tl.max(a, axis=2), axis=0) >= 0x7F800000
             contrib = allowed & (vtop != 0)[None, :]
@@ -164,21 +188,26 @@ def _rows_sums_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr,
         pbad = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
         o_hi = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_D], tl.float64)
         o_lo = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_D], tl.float64)
+        rows0 = _key_rows(b, j_lo + rn, j_lo + rn < lk, 0, table_ptr, table_stride, block_size, True)
+        kt, vt, rows_next = _prefetch(b, j_lo - BLOCK_N, rn, lk, rows0, k_ptr, v_ptr, g, sk_t, sk_h, sv_t, sv_h, rd,
+                                      d_ok, table_ptr, table_stride, block_size, BLOCK_N, not STORE_S)
         for j0 in range(j_lo, j_hi, BLOCK_N):
             pos = j0 + rn
             pos_ok = pos < lk
-            rows = _key_rows(b, pos, pos_ok, 0, table_ptr, table_stride, block_size, True)
-            if STORE_S:
+            k_cur, v_cur = kt, vt
+            if STORE_S:  # the stored scores (the prefetch reads no K tile then)
                 s = tl.load(s_ptr + grow[:, None] * s_stride + pos[None, :], mask=q_ok[:, None] & pos_ok[None, :],
                             other=0.0)
-            else:
-                s = _scores3(k_ptr, rows, pos_ok, g, sk_t, sk_h, rd, d_ok, qf, eq_safe, q_bad, scale)
+            kt, vt, rows_next = _prefetch(b, j0, rn, lk, rows_next, k_ptr, v_ptr, g, sk_t, sk_h, sv_t, sv_h, rd, d_ok,
+                                          table_ptr, table_stride, block_size, BLOCK_N, not STORE_S)
+            if not STORE_S:
+                s = _scores3(k_cur, qf, eq_safe, q_bad, scale)
             allowed = q_ok[:, None] & pos_ok[None, :] & (pos[None, :] <= limit[:, None])
             p = tl.where(allowed, E.exp_c(s - ref[:, None]), 0.0)
             pnan = E.is_nan(p)
             pbad = tl.maximum(pbad, (pnan & allowed).to(tl.int32))
             p = tl.where(pnan, 0.0, p)
-            ev, v_bad, v_zero, vf = _grid3(_kv3(v_ptr, rows, pos_ok, g, sv_t, sv_h, rd, d_ok))
+            ev, v_bad, v_zero, vf = _grid3(E.upcast(v_cur))
             l_terms, r_hi, r_lo = _p_terms_f64(p, allowed, e_l, e_row, tl.max(ev, axis=0),
                                                tl.max(v_zero.to(tl.int32), axis=0) != 0)
             l_sum += l_terms
