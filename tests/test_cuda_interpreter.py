@@ -301,11 +301,12 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 
     saved_logits = backward.LOGITS_BYTES
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-             attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M)
+             attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
     # decode blocks through the matrix-unit kernels too (the other runs take attention_rows.py's)
     attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF = True, True
-    linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs)
+    linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs) ...
+    linear.MID_MAX_M = 32  # ... from M = 33: 8 < M <= 32 (M = 17) runs the decode kernel as the mid path
     records = []
     try:
         for name in ("rms_norm", "softmax", "log_softmax", "linear", "token_logprobs", "attention",
@@ -322,7 +323,7 @@ def run_tiling_checks() -> list[dict[str, Any]]:
             records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-         attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M) = saved
+         attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M) = saved
         backward.LOGITS_BYTES = saved_logits
     records.extend(run_sample_split_checks())
     return records

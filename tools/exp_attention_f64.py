@@ -4,8 +4,7 @@ Not part of the product: runs ``attention_paged`` (decode) and ``attention`` (pr
 backend with the CUDA target three times: as configured (decode blocks of at most
 ``attention_rows_max`` rows on attention_rows.py's fp64 CUDA-core kernels), with every decode block
 on the fp64 matrix-unit kernels (``attention_rows_max=0``), and with the int8 digit products (nine
-for q.k, eighteen for R.V), plus the decode kernels capped at 128 registers (``maxnreg``);
-checks that all give the same bytes (every product is an exact integer
+for q.k, eighteen for R.V); checks that all give the same bytes (every product is an exact integer
 either way), and times each (CUDA graph replays for decode, ``triton.testing.do_bench`` for
 prefill) next to the bench's native baseline. Writes JSON to argv[1]::
 
@@ -57,9 +56,8 @@ def main() -> None:
 
     int8 = dataclasses.replace(CUDA, attention_f64=False, attention_sums_warps=16, attention_rows_max=0)
     mma = dataclasses.replace(CUDA, attention_rows_max=0)
-    # (target, attention_paged.ROWS_MAXNREG for attention_rows.py's kernels); the prefill cases run the
-    # first and the last only
-    variants = {"f64": (CUDA, None), "f64_rows_r128": (CUDA, 128), "f64_mma": (mma, None), "int8": (int8, None)}
+    # the prefill cases run the first and the last only (the others differ in decode kernels only)
+    variants = {"f64": CUDA, "f64_mma": mma, "int8": int8}
     dev = torch.device("cuda")
     rows = []
     for case in bench_cases():
@@ -71,7 +69,7 @@ def main() -> None:
         outs = {}
         names = list(variants) if paged else ["f64", "int8"]
         for name in names:
-            target, P.ROWS_MAXNREG = variants[name]
+            target = variants[name]
             if paged:
                 def call(t=target):
                     return P.attention_paged(kw["q"], kw["k_cache"], kw["v_cache"], kw["block_table"],
@@ -88,7 +86,6 @@ def main() -> None:
                             else triton.testing.do_bench(lambda: case.native(**kw)))
         row["same_bytes"] = all(bool(torch.equal(outs[v].view(torch.int16), outs["int8"].view(torch.int16)))
                                 for v in names)
-        P.ROWS_MAXNREG = None
         for name in names:
             row[f"{name}_ratio"] = row["native_ms"] / row[f"{name}_ms"]
         print(json.dumps(row), flush=True)

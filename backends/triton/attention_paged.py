@@ -71,8 +71,6 @@ STORE_S_MAX_BYTES = 512 << 20
 ROWS_BLOCK_N = 8
 #: interpreter tests of the matrix-unit kernels at decode shapes turn the rows kernels off
 ROWS_OFF = False
-#: experiments: a register cap for the rows kernels (ptxas ``.maxnreg``; None: ptxas chooses)
-ROWS_MAXNREG: int | None = None
 
 @triton.jit
 def _stats_kernel(q_ptr, k_ptr, v_ptr, s_ptr, acc_ptr, cu_q_ptr, lens_k_ptr, table_ptr,
@@ -295,11 +293,10 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     consts = {"STORE_S": store_s, "CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd}
     grid = (m_blocks, n_seq, hkv * n_split)
     if rows_path:
-        cap = {"maxnreg": ROWS_MAXNREG} if ROWS_MAXNREG else {}
         _rows_stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages,
-                                 **cap, **LAUNCH)
+                                 **LAUNCH)
         _rows_sums_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages,
-                                **cap, **LAUNCH)
+                                **LAUNCH)
     else:
         consts["F64"] = target.attention_f64
         _stats_kernel[grid](*args, **consts, num_warps=warps, num_stages=target.attention_paged_stages, **LAUNCH)

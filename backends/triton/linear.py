@@ -14,7 +14,8 @@
    accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue rounds ``C * 2**(ex + ew -
    47)`` once to the output dtype (P3'; with a bias, to fp32, + bias, cast) or, for
    ``linear_partial``, stores the int64 ``C`` itself.
-   Decode path (M <= 64, ``W_DIGITS=False``): the weight's row exponents come from
+   Decode path (M <= 64, and M <= ``MID_MAX_M`` at the target's ``linear_mid`` tile;
+   ``W_DIGITS=False``): the weight's row exponents come from
    ``_linear_digits_kernel`` without planes (one read of the weight, one program per row); the
    GEMM reads the bf16/fp16 weight again and makes its digits in registers, so the weight never
    exists as int8 planes in memory. Few output tiles (small M and N) split K over programs
@@ -52,6 +53,9 @@ MAX_K = (1 << 16) - 1
 K_CHUNK = 1 << 16
 #: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
 DECODE_MAX_M = 64
+#: rows of x at or below which (and above DECODE_MAX_M) the same kernel runs at the target's
+#: ``linear_mid`` tile (where the target has one; else the prefill path)
+MID_MAX_M = 256
 #: the prefill path splits K over programs when its output tiles fill less than half the GPU's
 #: SMs (M = 256 rows of a decode step at N = 1024: 32 tiles on 132 SMs), each split at least this
 #: many BLOCK_K steps; the int64 partials are added with atomics into a zeroed buffer (exact)
@@ -273,10 +277,12 @@ def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True,
     return d, e
 
 
-def _tiles(m: int, decode: bool, target: TritonTarget) -> tuple[int, int, int, int, int]:
+def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows on ``target``."""
     if SMALL_TILES:
         return 16, 16, 32, 1, 1
+    if mid and target.linear_mid is not None:
+        return target.linear_mid
     if decode:
         bm = max(16, triton.next_power_of_2(m))
         bn, bk, warps, stages = target.linear_decode
@@ -347,12 +353,15 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     m, k = x.shape
     n = weight.shape[0]
     finish = out_dtype is not None
-    decode = m <= DECODE_MAX_M and weight.dtype in (torch.bfloat16, torch.float16)
+    half = weight.dtype in (torch.bfloat16, torch.float16)
+    decode = m <= DECODE_MAX_M and half
+    # between the decode and prefill sizes, the decode kernel at the target's mid tile (no weight planes)
+    mid = not decode and half and m <= MID_MAX_M and target.linear_mid is not None
     if x_planes is not None and ex_given is not None:
         xd, ex = x_planes, ex_given
     else:
         xd, ex = _digits(x, ex_given)
-    if decode:  # the weight's exponents only (or the given ones); its digits are made in the GEMM
+    if decode or mid:  # the weight's exponents only (or the given ones); its digits are made in the GEMM
         ew = ew_given if ew_given is not None else _digits(weight, write=False, activation=False)[1]
         wd = weight
         dispatch.note_kernel("triton-int8-decode")
@@ -367,13 +376,13 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
-    bm, bn, bk, warps, stages = _tiles(m, decode, target)
+    bm, bn, bk, warps, stages = _tiles(m, decode, target, mid)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_split = _k_split(tiles, k, bk, x.device, target) if decode else _prefill_k_split(tiles, k, bk, x.device)
     atomic = k_split < k
     acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
     _launch_gemm(xd, ex, weight, wd, ew, bias if not atomic else None, acc, k_split, (bm, bn, bk, warps, stages),
-                 w_digits=not decode, finish=finish and not atomic, atomic=atomic,
+                 w_digits=not (decode or mid), finish=finish and not atomic, atomic=atomic,
                  out_code=OUT_CODE[out_dtype] if finish else 0)
     if atomic and finish:
         assert out_dtype is not None
@@ -415,7 +424,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
 
     Reports the path through ``dispatch.note_kernel``: ``triton-int8`` (digit planes for both
-    operands) or ``triton-int8-decode`` (M <= 64: weight digits made in registers).
+    operands) or ``triton-int8-decode`` (M <= 64, or M <= ``MID_MAX_M`` on a target with a
+    ``linear_mid`` tile: weight digits made in registers).
     """
     _check_k("linear", x.shape[1])
     bias = bias.contiguous() if bias is not None else None
@@ -520,5 +530,10 @@ def static_specs(target: TritonTarget):
          atomic=True)
     gemm("partial_gemm_int64_out", "*i8", "*i64", prefill, w_digits=True, finish=False)
     gemm("prefill_split_k_int64_atomic", "*i8", "*i64", prefill, w_digits=True, finish=False, atomic=True)
+    if target.linear_mid is not None:  # 64 < M <= 256: the decode kernel at the mid tile
+        gemm("mid_gemm_bf16_weight_bf16_out", "*bf16", "*bf16", target.linear_mid, w_digits=False, finish=True,
+             out=1)
+        gemm("mid_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", target.linear_mid, w_digits=False,
+             finish=False, atomic=True)
     specs.append(finish_spec("linear", "finish_fp16_out_bias", "*fp16", bias=True, out=2))
     return specs

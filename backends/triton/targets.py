@@ -54,6 +54,10 @@ class TritonTarget:
     #: attention_paged blocks of at most this many packed query rows (decode) run attention_rows.py's
     #: fp64 CUDA-core kernels instead of the matrix-unit ones (0: never; needs ``attention_f64``)
     attention_rows_max: int = 0
+    #: linear at 64 < M <= 256 rows (a decode step of a large batch): the decode kernel (weight digits
+    #: made in registers from the bf16/fp16 weight, no weight planes) at this (BLOCK_M, BLOCK_N,
+    #: BLOCK_K, num_warps, num_stages); None: the prefill path (weight digit planes)
+    linear_mid: tuple[int, int, int, int, int] | None = None
 
 
 CUDA = TritonTarget(
@@ -77,6 +81,10 @@ CUDA = TritonTarget(
     # decode of GQA groups of up to 4 query heads a KV head on the fp64 CUDA cores: at 8 rows the
     # pass-2 kernel spills registers (ptxas for sm_90), at 4 it holds 220, at 2 (Qwen3-0.6B) 127
     attention_rows_max=4,
+    # the four linears of a Qwen3-0.6B decode step of 256 sequences: 0.40 ms a layer against 0.48 on
+    # the prefill path (weight planes made each call, K split for N = 1024), same bytes (H200 at
+    # fd18dda, tools/exp_linear_tiles.py --rollout, docs/bench/h200-exp-linear-rollout-fd18dda.json)
+    linear_mid=(32, 64, 128, 4, 2),
 )
 
 ROCM = TritonTarget(
