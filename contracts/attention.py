@@ -563,21 +563,6 @@ def _adv_decode_specials(dtype: torch.dtype) -> dict[str, Any]:
     return inp
 
 
-def _adv_decode_sink(gap: float, value: float, dtype: torch.dtype) -> dict[str, Any]:
-    """``_adv_sink`` at decode: key 0 of each sequence about ``gap`` nats above the rest for the one
-    query (2 query heads a KV head, contexts of 20 and 40 keys)."""
-    inputs = make_pack(f"decode_sink_{gap}_{value}", [(1, 20), (1, 40)], 4, 2, 32, torch.float32)
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    scale = 1.0 / math.sqrt(q.shape[2])
-    q[..., 0] = 2.0
-    k[..., 0] = 0.0
-    for start in (0, 20):
-        k[start] = 0.0
-        k[start, :, 0] = (gap + 3.0) / (2.0 * scale)
-        v[start] = v[start] * value
-    return {**inputs, "q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype)}
-
-
 def _adv_specials(dtype: torch.dtype, tag: str) -> dict[str, Any]:
     """Special values (±0, ±inf, NaN, subnormals, extremes) placed in q, k and v rows."""
     inp = make_pack(f"specials_{tag}", [(12, 12)], 2, 1, 16, dtype)
@@ -639,11 +624,12 @@ def _adv_int64_explicit_scale() -> dict[str, Any]:
     return inp
 
 
-def _adv_sink(gap: float, value: float, dtype: torch.dtype, tag: str) -> dict[str, Any]:
+def _adv_sink(gap: float, value: float, dtype: torch.dtype, tag: str, decode: bool = False) -> dict[str, Any]:
     """Key 0 of each sequence scores about ``gap`` nats above every other key for every query, and
     its value row is ``value`` times the others (0: a zero value vector, the case where the
-    reference max is not the row max)."""
-    inputs = make_pack(f"sink_{tag}", [(20, 20), (3, 40)], 4, 2, 32, torch.float32)
+    reference max is not the row max). ``decode``: one query a sequence (contexts of 20 and 40 keys)."""
+    lens = [(1, 20), (1, 40)] if decode else [(20, 20), (3, 40)]
+    inputs = make_pack(f"decode_sink_{gap}_{value}" if decode else f"sink_{tag}", lens, 4, 2, 32, torch.float32)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     scale = 1.0 / math.sqrt(q.shape[2])
     q[..., 0] = 2.0
@@ -780,9 +766,9 @@ def adversarial_cases() -> list[Case]:
         Case("paged_decode_specials_fp16_bs8", "adversarial",
              lambda: to_paged(_adv_decode_specials(fp16), 8, "paged_decode_specials"), op="attention_paged"),
         Case("paged_decode_sink_gap20_zero_value_bf16_bs16", "adversarial",
-             lambda: to_paged(_adv_decode_sink(20.0, 0.0, bf16), 16, "pdg20z"), op="attention_paged"),
+             lambda: to_paged(_adv_sink(20.0, 0.0, bf16, "", decode=True), 16, "pdg20z"), op="attention_paged"),
         Case("paged_decode_sink_gap70_zero_value_bf16_bs16", "adversarial",
-             lambda: to_paged(_adv_decode_sink(70.0, 0.0, bf16), 16, "pdg70z"), op="attention_paged"),
+             lambda: to_paged(_adv_sink(70.0, 0.0, bf16, "", decode=True), 16, "pdg70z"), op="attention_paged"),
         Case("paged_decode_tiny_large_fp16_bs16", "adversarial",
              lambda: to_paged({**make_pack("pd_large", [(1, 9), (1, 33)], 8, 2, 128, fp16, q_std=8.0, k_std=8.0,
                                            v_std=1.0e4)}, 16, "pd_large"), op="attention_paged"),
