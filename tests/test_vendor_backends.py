@@ -116,6 +116,21 @@ def test_fp64_attention_products_only_where_exact() -> None:
         check_head_dim("attention", 2 * F64_MAX_D, CUDA)
 
 
+def test_paged_cache_beyond_32_bit_slots_is_refused() -> None:
+    """The paged kernels index cache rows in 32-bit unsigned arithmetic: a cache of more slots is
+    refused with the count and the bound, before any kernel (a zero-stride view: no memory)."""
+    import torch
+
+    from rlkernel.backends.triton.attention_paged import attention_paged
+
+    cache = torch.zeros(1, dtype=torch.bfloat16).expand(2**28, 32, 1, 8)  # 2**33 slots
+    q = torch.zeros(1, 2, 8, dtype=torch.bfloat16)
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"8589934592 token slots.*at most 2\*\*32 - 1"):
+        attention_paged(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), one, torch.tensor([0, 1]),
+                        target=CUDA)
+
+
 # ------------------------------------------------------------------------------------------- ascend, musa
 
 

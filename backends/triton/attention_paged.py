@@ -252,6 +252,9 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q if q.stride(-1) == 1 else q.contiguous()
     nb, bs, hkv, d = k_cache.shape
     check_head_dim("attention_paged", d, target)
+    if nb * bs > 2**32 - 1:
+        raise ValueError(f"attention_paged: the cache holds {nb} blocks x {bs} slots = {nb * bs} token slots; the "
+                         f"kernels index at most 2**32 - 1 (32-bit block-table arithmetic); use a smaller cache")
     kc = k_cache.contiguous().view(nb * bs, hkv, d)  # rows = block * block_size + slot
     vc = v_cache.contiguous().view(nb * bs, hkv, d)
     cu_q, lens, table = cu_seqlens_q.contiguous(), seq_lens_k.contiguous(), block_table.contiguous()
