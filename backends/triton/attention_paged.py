@@ -16,6 +16,10 @@ sequence is cut into ``n_split`` ranges of whole key tiles, one program each, me
    most ``F64_KEYS`` keys (fp64 path, attention.py's docstring), both exact, folded once.
 3. ``_finish_kernel``: ``RN32(O 2**(E - 60)) ÷ RN32(L 2**(e_l - 40))``, NaN flags, cast.
 
+On targets with ``attention_rows_max`` (CUDA: 4), blocks of at most that many packed rows (decode)
+run attention_rows.py's CUDA-core versions of the first two kernels instead: the same integers into
+the same slots (attention_split.py), the same ``_finish_kernel``.
+
 Integer maxima and integer sums do not depend on the order or grouping of their terms, so the
 split count, the key tiling, the paging and the batch position cannot change a bit. The split count
 comes from shapes only (block-table columns x block size, query blocks x sequences x KV heads, the
