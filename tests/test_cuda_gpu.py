@@ -55,6 +55,17 @@ def test_cuda_quick_conformance(module: str) -> None:
     assert not foreign, f"{module}: kernels outside the cuda backend ran: {sorted(foreign)}"
 
 
+def test_triton_primitives_on_the_gpu() -> None:
+    """The Triton primitives (exp_c, log_c, the grids, P3' to fp32 / bf16 / fp16 through fp64
+    round-to-odd, ...) compiled for the GPU give the reference's values on the interpreter's
+    inputs: the hardware's own conversions (int64 -> fp64, fp64 -> fp32) are where they could
+    differ from numpy's."""
+    from test_cuda_interpreter import run_primitive_checks
+
+    failed = [f"{r['case']}: {r['detail']}" for r in run_primitive_checks("cuda") if r["status"] != "pass"]
+    assert not failed, "\n".join(failed)
+
+
 @pytest.mark.parametrize("n, k", [(4096, 4096), (1024, 2048), (1024, 3072)])
 def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
     """M = 256 takes the prefill path (N = 1024: 32 output tiles, K split over programs with int64

@@ -221,9 +221,23 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
     return results
 
 
-def run_primitive_checks() -> list[dict[str, Any]]:
-    """The Triton primitives on random bit patterns + specials vs ``rlkernel.contracts._exact``."""
-    from rlkernel.backends.triton import _prims as P
+def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
+    """The Triton primitives on random bit patterns + specials vs ``rlkernel.contracts._exact``
+    (``device``: where the kernels run; "cpu" under the interpreter, "cuda" on a GPU)."""
+    from rlkernel.backends.triton import _prims as prims
+
+    class P:  # the primitives' launchers, on ``device``, with their results brought back
+        @staticmethod
+        def _run(fn: Any, *args: Any) -> Any:
+            out = fn(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+            return tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+
+        prim_f32 = staticmethod(lambda *a: P._run(prims.prim_f32, *a))
+        prim_int = staticmethod(lambda *a: P._run(prims.prim_int, *a))
+        prim_out = staticmethod(lambda *a: P._run(prims.prim_out, *a))
+        prim_grid = staticmethod(lambda *a: P._run(prims.prim_grid, *a))
+        prim_grid28 = staticmethod(lambda *a: P._run(prims.prim_grid28, *a))
+
     from rlkernel.contracts._exact import fixed as FX
     from rlkernel.contracts._exact import fp32 as F
     from rlkernel.contracts._exact import transcendental as T
@@ -258,6 +272,29 @@ def run_primitive_checks() -> list[dict[str, Any]]:
     rec("int64_to_f32+ldexp_c", y_ref, y)
     rec("to_fixed_F40", FX.quantize(torch.where(torch.isfinite(y_ref), y_ref, 0.0), F.expo(
         torch.where(torch.isfinite(y_ref), y_ref, 0.0)), 40), q)
+    # P3' straight to each format (linear's epilogue, the paged finish): magnitudes of every bit
+    # length, exponents across the subnormal and overflow edges, ties at 24, 11 and 8 bits
+    ties = torch.tensor([(2**24 + 1) << 5, (2**24 + 3) << 9, -((2**24 + 1) << 30), (2**11 + 1) << 3, (2**11 + 3) << 40,
+                         -((2**8 + 1) << 20), (2**8 + 3) << 50, 3 << 61, (1 << 62) + (1 << 9), (1 << 63) - (1 << 10),
+                         (1 << 63) - 1, -(1 << 63) + 1, 1, -1, 0, 3, -5, 2**53 + 1, -(2**53 + 3)])
+    so = torch.cat([s, ties.repeat(40)])
+    ko = torch.randint(-330, 200, so.shape, generator=g)
+    edges = torch.tensor([-149, -150, -133, -134, -24, -25, -14, -15, -126, -127, 104, 105, 127, 128, -200, 65, 66,
+                          -212, -211, -190, -186, 60, 64, 127 - 62, 128 - 62, -149 - 62, -512, 512])
+    ko[s.numel():] = edges.repeat(so.numel() // edges.numel() + 1)[: so.numel() - s.numel()]
+    half = s.numel() // 2  # these land at the edges: k = edge - bit length of s (+- 1)
+    near = edges[torch.randint(0, edges.numel(), (half,), generator=g)] + torch.randint(-1, 2, (half,), generator=g)
+    ko[:half] = (near - torch.frexp(s[:half].abs().to(torch.float64))[1].to(torch.int64)).clamp(-512, 512)
+    # double-rounding traps: a tie at p bits, and one last bit above or below it that a first
+    # rounding (to 53 bits, or to fp32's 24) drops; in normal and subnormal ranges
+    traps = torch.tensor([sign * ((((1 << p) + odd) << j) + low) for p in (24, 11, 8) for j in (3, 20, 30, 36, 45, 50)
+                          for odd in (1, 3) for sign in (1, -1) for low in (1, 0, -1) if p + j < 62])
+    kt = torch.tensor([0, -40, 31, -160, -20])
+    so = torch.cat([so, traps.repeat(kt.numel())])
+    ko = torch.cat([ko, kt.repeat_interleave(traps.numel())])
+    for code, dt in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+        rec(f"int64_to_out_{str(dt)[6:]}", F.int_to_float(so, ko, dt).to(torch.float32),
+            P.prim_out(so, ko.to(torch.int32), code))
     xb = x[torch.isfinite(x)][:30000].to(torch.bfloat16)
     xb = torch.where(torch.isfinite(xb), xb, torch.zeros_like(xb))
     e = torch.randint(0, 10, xb.shape, generator=g) + F.expo(xb.to(torch.float32))  # |x| < 2**e

@@ -5,11 +5,10 @@ BLOCK_K, warps, stages) at prefill shapes, checks every configuration gives the 
 configuration's bits, and writes JSON (argv[1]). The launch configuration cannot change a bit
 (integer sums), so the fastest one can replace ``targets.CUDA.linear_prefill``.
 
-``--rollout``: the four linears of a Qwen3-0.6B decode step of 256 sequences (M = 256, beyond the
-M <= 64 decode path, so today on the prefill tile without a K split for most of them), with the
-weight's digit planes made first (``digits+``, the launcher's path today) or in registers from the
-bf16 weight (``bf16w``), without and with a K split (int64 atomics, then the finish kernel); every
-variant is timed whole (planes, zero-fill and finish included) and its bytes compared::
+``--rollout``: the four linears of a Qwen3-0.6B decode step of 256 sequences and its LM head
+(M = 256), device time under CUDA graphs (no host time: a rollout replays graphs) with the weights
+rotated beyond L2, for the GEMM on the bf16 weight and on digit planes made once (see
+``rollout``); every variant's bytes are compared with the op's::
 
     python tools/exp_linear_tiles.py OUT.json [--rollout]
 """
@@ -17,6 +16,7 @@ variant is timed whole (planes, zero-fill and finish included) and its bytes com
 # ruff: noqa: B023  (each closure is timed inside its own loop iteration)
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -28,55 +28,94 @@ CONFIGS = [(128, 64, 128, 8, 2), (128, 64, 64, 8, 3), (128, 64, 64, 8, 4), (64, 
 SHAPES = [(8192, 4096, 4096), (2048, 4096, 12288), (16384, 1024, 6144), (16384, 3072, 1024)]
 
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, weight digits made first, K splits)
-ROLLOUT_CONFIGS = [(128, 64, 64, 8, 3, True, 1), (128, 64, 64, 8, 3, True, 4), (64, 64, 64, 4, 3, True, 1),
-                   (64, 64, 64, 4, 3, True, 2), (64, 128, 64, 4, 3, True, 1), (64, 64, 128, 4, 3, True, 2),
-                   (128, 64, 64, 8, 3, False, 1), (64, 64, 64, 4, 3, False, 1), (64, 64, 128, 4, 2, False, 1),
-                   (64, 64, 64, 4, 3, False, 2), (128, 32, 128, 4, 2, False, 1), (32, 64, 128, 4, 2, False, 1)]
-ROLLOUT_SHAPES = [(256, 1024, 4096), (256, 2048, 1024), (256, 1024, 6144), (256, 3072, 1024)]
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the rollout variants
+ROLLOUT_TILES_BF16W = [(32, 64, 128, 4, 2), (32, 64, 128, 8, 2), (32, 64, 64, 8, 3), (64, 32, 128, 8, 2),
+                       (64, 64, 64, 8, 3), (32, 128, 64, 8, 2)]
+ROLLOUT_TILES_PLANES = [(128, 64, 64, 8, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3)]
+#: the four linears of a Qwen3-0.6B decode step at 256 sequences, and its LM head (fp32 logits)
+ROLLOUT_SHAPES = [(256, 1024, 4096, "bf16"), (256, 2048, 1024, "bf16"), (256, 1024, 6144, "bf16"),
+                  (256, 3072, 1024, "bf16"), (256, 1024, 151936, "fp32")]
+#: weight copies rotate through at least this many bytes (beyond the L2 cache, as a decode step reads them)
+ROTATE_BYTES = 160 << 20
+
+
+def graph_ms(calls: list, reps: int = 7) -> float:
+    """Device ms of one call: ``calls`` (one per weight copy) captured once in a CUDA graph and
+    replayed, the median over ``reps`` replays divided by the number of calls (no host time)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2] / len(calls)
 
 
 def rollout() -> list[dict]:
-    """``ROLLOUT_CONFIGS`` at ``ROLLOUT_SHAPES`` (M, K, N), each call timed whole."""
+    """The rollout's linears (M = 256), device time a call under CUDA graphs (weights rotated beyond
+    L2), for: the op as launched (``op``), the GEMM kernel on the bf16 weight (digits in registers,
+    ``bf16w``) at ``ROLLOUT_TILES_BF16W``, on weight digit planes made once outside the timed calls
+    (``planes``, what a cache of the planes would run) at ``ROLLOUT_TILES_PLANES``, and each of the
+    first tiles without its epilogue (``noepi``: the int64 C stored, to see the epilogue's share).
+    Every variant's bytes are compared with the op's."""
     from rlkernel.backends.triton import linear as L
     from rlkernel.backends.triton._common import OUT_CODE
     from rlkernel.backends.triton.targets import CUDA
 
     out = []
-    for m, k, n in ROLLOUT_SHAPES:
+    for m, k, n, ydt in ROLLOUT_SHAPES:
+        out_dtype = torch.bfloat16 if ydt == "bf16" else torch.float32
         g = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
-        w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
-        row: dict = {"m": m, "k": k, "n": n,
-                     "native_ms": triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w)),
-                     "launcher_ms": triton.testing.do_bench(lambda: L.linear(x, w, target=CUDA))}
-        ref = L.linear(x, w, target=CUDA)
-        for bm, bn, bk, warps, stages, planes, splits in ROLLOUT_CONFIGS:
-            name = f"{bm}x{bn}x{bk}_w{warps}s{stages}_{'digits+' if planes else 'bf16w'}_k{splits}"
-            k_split = triton.cdiv(triton.cdiv(k, bk), splits) * bk
-
-            def call(cfg=(bm, bn, bk, warps, stages), planes=planes, k_split=k_split) -> torch.Tensor:
-                xd, ex = L._digits(x)
-                if planes:
-                    wd, ew = L._digits(w, activation=False)
-                else:
-                    wd, ew = w, L._digits(w, write=False, activation=False)[1]
-                if k_split >= k:
-                    y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-                    L._launch_gemm(xd, ex, w, wd, ew, None, y, k, cfg, w_digits=planes, finish=True, atomic=False,
-                                   out_code=OUT_CODE[torch.bfloat16])
-                    return y
-                acc = torch.zeros(m, n, dtype=torch.int64, device="cuda")
-                L._launch_gemm(xd, ex, w, wd, ew, None, acc, k_split, cfg, w_digits=planes, finish=False,
-                               atomic=True, out_code=0)
-                return L._finish(acc, ex, ew, None, torch.bfloat16)
+        copies = max(1, -(-ROTATE_BYTES // (n * k * 2)))
+        ws = [(torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        row: dict = {"m": m, "k": k, "n": n, "out": ydt, "weight_copies": copies,
+                     "native_ms": graph_ms([lambda w=w: torch.nn.functional.linear(x, w).to(out_dtype) for w in ws]),
+                     "op_ms": graph_ms([lambda w=w: L.linear(x, w, out_dtype=out_dtype, target=CUDA) for w in ws])}
+        refs = [L.linear(x, w, out_dtype=out_dtype, target=CUDA) for w in ws[:1]]
+        xd, ex = L._digits(x)
+        ews = [L._digits(w, write=False, activation=False)[1] for w in ws]
+        wds = [L._digits(w, activation=False)[0] for w in ws]
+        y = torch.empty(m, n, dtype=out_dtype, device="cuda")
+        acc = torch.empty(m, n, dtype=torch.int64, device="cuda")
+        variants = [(f"bf16w_{'x'.join(map(str, t[:3]))}_w{t[3]}s{t[4]}", t, False, True)
+                    for t in ROLLOUT_TILES_BF16W]
+        variants += [(f"planes_{'x'.join(map(str, t[:3]))}_w{t[3]}s{t[4]}", t, True, True)
+                     for t in ROLLOUT_TILES_PLANES]
+        variants += [("noepi_bf16w", ROLLOUT_TILES_BF16W[0], False, False),
+                     ("noepi_planes", ROLLOUT_TILES_PLANES[0], True, False)]
+        for name, cfg, planes, finish in variants:
+            def call(i: int, cfg=cfg, planes=planes, finish=finish) -> torch.Tensor:
+                w = ws[i]
+                L._launch_gemm(xd, ex, w, wds[i] if planes else w, ews[i], None, y if finish else acc, k, cfg,
+                               w_digits=planes, finish=finish, atomic=False,
+                               out_code=OUT_CODE[out_dtype] if finish else 0)
+                return y
             try:
-                row[name + "_equal"] = bool(torch.equal(call().view(torch.int16), ref.view(torch.int16)))
-                row[name + "_ms"] = triton.testing.do_bench(call)
+                call(0)
+                if finish:
+                    bits = torch.int32 if ydt == "fp32" else torch.int16
+                    row[name + "_equal"] = bool(torch.equal(y.view(bits), refs[0].view(bits)))
+                row[name + "_ms"] = graph_ms([functools.partial(call, i) for i in range(copies)])
             except Exception as e:  # e.g. out of shared memory or registers: recorded, the next one runs
                 row[name + "_err"] = str(e)[:200]
         print(json.dumps(row), flush=True)
         out.append(row)
+        for lst in (ws, wds, ews):
+            lst.clear()
+        torch.cuda.empty_cache()
     return out
 
 

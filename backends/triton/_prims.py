@@ -48,6 +48,16 @@ def _prim_int_kernel(s_ptr, k_ptr, y_ptr, q_ptr, n, FRAC: tl.constexpr, BLOCK: t
 
 
 @triton.jit
+def _prim_out_kernel(s_ptr, k_ptr, y_ptr, n, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    """y = int64_to_out(s, k, OUT): ``s * 2**k`` rounded once to format OUT (0 fp32, 1 bf16, 2 fp16), as fp32."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    s = tl.load(s_ptr + offs, mask=mask, other=0)
+    k = tl.load(k_ptr + offs, mask=mask, other=0)
+    tl.store(y_ptr + offs, E.int64_to_out(s, k, OUT), mask=mask)
+
+
+@triton.jit
 def _prim_grid_kernel(x_ptr, e_ptr, d_ptr, n, BLOCK: tl.constexpr):
     """Digits of ``RNE(x * 2**(20 - e))``: d[0..2] planes of int8."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -95,6 +105,14 @@ def prim_int(s: torch.Tensor, k: torch.Tensor, frac: int = 40) -> tuple[torch.Te
     return y, q
 
 
+def prim_out(s: torch.Tensor, k: torch.Tensor, out: int) -> torch.Tensor:
+    """fp32 [n]: int64 ``s`` [n] times ``2**k`` (int32 [n]) rounded once to format code ``out``."""
+    y = torch.empty(s.shape, dtype=torch.float32, device=s.device)
+    n = s.numel()
+    _prim_out_kernel[(triton.cdiv(n, _BLOCK),)](s, k, y, n, OUT=out, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return y
+
+
 def prim_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     d = torch.empty((3,) + tuple(x.shape), dtype=torch.int8, device=x.device)
     n = x.numel()
@@ -121,6 +139,10 @@ def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[st
     specs.append(("primitives", "int64_to_f32+ldexp_c+to_fixed", _prim_int_kernel,
                   {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "q_ptr": "*i64", "n": "i32",
                    "FRAC": "constexpr", "BLOCK": "constexpr"}, {"FRAC": 40, "BLOCK": _BLOCK}))
+    for out, name in enumerate(("fp32", "bf16", "fp16")):
+        specs.append(("primitives", f"int64_to_out_{name}", _prim_out_kernel,
+                      {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "n": "i32", "OUT": "constexpr",
+                       "BLOCK": "constexpr"}, {"OUT": out, "BLOCK": _BLOCK}))
     specs.append(("primitives", "grid_digits", _prim_grid_kernel,
                   {"x_ptr": "*bf16", "e_ptr": "*i32", "d_ptr": "*i8", "n": "i32", "BLOCK": "constexpr"},
                   {"BLOCK": _BLOCK}))

@@ -145,39 +145,61 @@ def int64_to_f32(s):
 
 
 @triton.jit
+def ro53(mag):
+    """Non-negative int64 ``mag`` rounded to odd at 53 bits, as fp64 (exact below 2**53).
+
+    Round-to-odd keeps what a later nearest-even rounding needs: ``RN_p(RO_q(v)) = RN_p(v)`` for
+    ``q >= p + 2``. The hardware's conversion (nearest) is moved one ulp toward zero where it went
+    up and gets its last bit set where it was inexact, both read from the exact difference with
+    ``mag``; a conversion that reaches 2**63 went up and is not converted back.
+    """
+    d = mag.to(tl.float64)
+    over = d >= 9223372036854775808.0
+    back = tl.where(over, 0.0, d).to(tl.int64)
+    up = over | (back > mag)
+    odd = (d.to(tl.int64, bitcast=True) - up.to(tl.int64)) | (over | (back != mag)).to(tl.int64)
+    return odd.to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def f64_to_out(y, OUT: tl.constexpr):
+    """fp64 ``y >= 0``, rounded to odd at 53 bits or exact, rounded to nearest-even in the output
+    format ``OUT`` (0 fp32, 1 bf16, 2 fp16; subnormals and overflow to +inf included), returned
+    as the fp32 holding that value: the hardware's conversion for fp32; for bf16 / fp16 a round
+    to odd at fp32's 24 bits (the conversion, then one ulp toward zero where it went up and the
+    last bit set where it was inexact), then the format's nearest-even rounding."""
+    f = y.to(tl.float32)
+    if OUT != 0:
+        fd = f.to(tl.float64)
+        f = f32_from_bits((f32_bits(f) - (fd > y).to(tl.int32)) | (fd != y).to(tl.int32))
+        if OUT == 1:
+            f = bf16_round(f)
+        else:
+            f = f.to(tl.float16).to(tl.float32)
+    return f
+
+
+@triton.jit
 def int64_to_out(s, k, OUT: tl.constexpr):
     """P3': ``s * 2**k`` (int64 s, |s| < 2**63; int32/int64 k) rounded once, nearest-even, to the
     output format ``OUT`` (0 fp32, 1 bf16, 2 fp16), returned as the fp32 holding that value.
 
-    The kept bits are the format's significand (24 / 8 / 11), or fewer where the value is below
-    the format's normal range (quantum 2**-149 / 2**-133 / 2**-24); ``q * 2**(drop + k)`` is then a
-    value of the format, built exactly by ``ldexp_c`` (or +-inf beyond its range), so
-    ``cast_out`` converts it without a second rounding. Zero gives +0.
+    ``|s|`` rounded to odd at 53 bits (:func:`ro53`), scaled exactly by ``2**k`` in fp64 (``k``
+    clamped to [-1000, 1000]: below, every such value rounds to +-0 and above, to +-inf, in every
+    output format), then rounded once to the format (:func:`f64_to_out`). Zero gives +0; a
+    negative value that rounds to zero gives -0.
     """
-    if OUT == 1:
-        bits = 8
-        qmin = -133
-    elif OUT == 2:
-        bits = 11
-        qmin = -24
-    else:
-        bits = 24
-        qmin = -149
     s = s.to(tl.int64)
-    k = k.to(tl.int64)
     neg = s < 0
-    mag = tl.where(neg, -s, s)
-    drop = tl.minimum(tl.maximum(tl.maximum(bit_length_i64(mag) - bits, qmin - k), 0), 63)
-    q = mag >> drop
-    rem = mag - (q << drop)
-    half = tl.where(drop > 0, tl.full(drop.shape, 1, tl.int64) << tl.maximum(drop - 1, 0), 0)
-    up = (drop > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
-    q = q + up.to(tl.int64)  # q <= 2**bits: exact in fp32
-    e = tl.minimum(tl.maximum(drop + k, -252), 254).to(tl.int32)  # q > 0 keeps drop + k >= -149
-    out = ldexp_c(q.to(tl.int32).to(tl.float32), e)
-    # the sign from the bits: a negative value that rounds to zero is -0 (a float negation may
-    # compile to 0 - x, which gives +0)
-    return f32_from_bits(f32_bits(out) | tl.where(neg, -2147483648, 0))
+    y = ro53(tl.where(neg, -s, s)) * pow2_f64(tl.minimum(tl.maximum(k, -1000), 1000).to(tl.int32))
+    return with_sign(f64_to_out(y, OUT), neg)
+
+
+@triton.jit
+def with_sign(f, neg):
+    """fp32 ``f >= 0`` with the sign bit set where ``neg``, from the bits (a float negation may
+    compile to 0 - x, which gives +0 for a zero)."""
+    return f32_from_bits(f32_bits(f) | tl.where(neg, -2147483648, 0))
 
 
 @triton.jit

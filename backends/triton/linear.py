@@ -56,6 +56,8 @@ DECODE_MAX_M = 64
 #: rows of x at or below which (and above DECODE_MAX_M) the same kernel runs at the target's
 #: ``linear_mid`` tile (where the target has one; else the prefill path)
 MID_MAX_M = 256
+#: outputs of at least this many columns (an LM head's vocabulary) take the target's ``linear_mid_wide`` tile
+MID_WIDE_N = 16384
 #: the prefill path splits K over programs when its output tiles fill less than half the GPU's
 #: SMs (M = 256 rows of a decode step at N = 1024: 32 tiles on 132 SMs), each split at least this
 #: many BLOCK_K steps; the int64 partials are added with atomics into a zeroed buffer (exact)
@@ -129,6 +131,8 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
     """
     rk = tl.arange(0, BLOCK_K)
     x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
+    # the weight rows' grid factors 2**(20 - ew) in two steps, once per column of the tile
+    ws1, ws2 = E.grid_scales(ew_safe)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
     for kc in range(k_lo, k_hi, K_CHUNK):
         l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
@@ -155,7 +159,9 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
             else:
                 wt = E.upcast(tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + kk[:, None] * stride_wk,
                                       mask=wmask, other=0.0))
-                g = tl.where(w_live[None, :], E.grid_int_bits(wt, ew_safe[None, :], 20), 0)
+                # a live row is finite with |w| < 2**ew, so its grid values are below 2**20: the magic
+                # add alone rounds them; a non-finite row (sentinel) gives 0 whatever the arithmetic made
+                g = tl.where(w_live[None, :], E.grid_int_scaled(wt, ws1[None, :], ws2[None, :]), 0)
                 b0, b1, b2 = E.split3(g)
             l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
             l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
@@ -178,8 +184,13 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
 def _out_tile(acc, ex, ew, x_live, w_live, OUT: tl.constexpr):
     """P3' epilogue of a tile: ``C * 2**(ex + ew - 47)`` rounded once to output format ``OUT`` (as fp32),
     NaN on non-finite rows."""
-    k = tl.where(x_live, ex, 0)[:, None] + tl.where(w_live, ew, 0)[None, :] - 47
-    y = E.int64_to_out(acc, k, OUT)
+    # 2**(ex + ew - 47) as a row and a column factor (fp64, normal: exponents lie in [-149, 128]);
+    # |C| rounded to odd at 53 bits times both is exact, then rounded once to the format
+    row = E.pow2_f64(tl.where(x_live, ex, 0))
+    col = E.pow2_f64(tl.where(w_live, ew, 0) - 47)
+    neg = acc < 0
+    y = E.f64_to_out((E.ro53(tl.where(neg, -acc, acc)) * row[:, None]) * col[None, :], OUT)
+    y = E.with_sign(y, neg)
     return tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
 
 
@@ -277,10 +288,14 @@ def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True,
     return d, e
 
 
-def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows on ``target``."""
+def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False,
+           n: int = 0) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows (and ``n``
+    output columns) on ``target``."""
     if SMALL_TILES:
         return 16, 16, 32, 1, 1
+    if mid and n >= MID_WIDE_N and target.linear_mid_wide is not None:
+        return target.linear_mid_wide
     if mid and target.linear_mid is not None:
         return target.linear_mid
     if decode:
@@ -376,7 +391,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
-    bm, bn, bk, warps, stages = _tiles(m, decode, target, mid)
+    bm, bn, bk, warps, stages = _tiles(m, decode, target, mid, n)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_split = _k_split(tiles, k, bk, x.device, target) if decode else _prefill_k_split(tiles, k, bk, x.device)
     atomic = k_split < k
@@ -535,5 +550,8 @@ def static_specs(target: TritonTarget):
              out=1)
         gemm("mid_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", target.linear_mid, w_digits=False,
              finish=False, atomic=True)
+    if target.linear_mid_wide is not None:  # the same at N >= MID_WIDE_N (an LM head's fp32 logits)
+        gemm("mid_wide_gemm_bf16_weight_fp32_out", "*bf16", "*fp32", target.linear_mid_wide, w_digits=False,
+             finish=True)
     specs.append(finish_spec("linear", "finish_fp16_out_bias", "*fp16", bias=True, out=2))
     return specs

@@ -58,6 +58,9 @@ class TritonTarget:
     #: made in registers from the bf16/fp16 weight, no weight planes) at this (BLOCK_M, BLOCK_N,
     #: BLOCK_K, num_warps, num_stages); None: the prefill path (weight digit planes)
     linear_mid: tuple[int, int, int, int, int] | None = None
+    #: ``linear_mid``'s tile for outputs of at least ``linear.MID_WIDE_N`` columns (an LM head over a
+    #: vocabulary); None: ``linear_mid``
+    linear_mid_wide: tuple[int, int, int, int, int] | None = None
 
 
 CUDA = TritonTarget(
@@ -81,10 +84,13 @@ CUDA = TritonTarget(
     # decode of GQA groups of up to 4 query heads a KV head on the fp64 CUDA cores: at 8 rows the
     # pass-2 kernel spills registers (ptxas for sm_90), at 4 it holds 220, at 2 (Qwen3-0.6B) 127
     attention_rows_max=4,
-    # the four linears of a Qwen3-0.6B decode step of 256 sequences: 0.40 ms a layer against 0.48 on
-    # the prefill path (weight planes made each call, K split for N = 1024), same bytes (H200 at
-    # fd18dda, tools/exp_linear_tiles.py --rollout, docs/bench/h200-exp-linear-rollout-fd18dda.json)
-    linear_mid=(32, 64, 128, 4, 2),
+    # the four linears of a Qwen3-0.6B decode step of 256 sequences, device time under CUDA graphs
+    # (H100 at 78328fb, tools/exp_linear_tiles.py --rollout, docs/bench/h100-exp-linear-rollout-78328fb.json):
+    # 8 warps and K steps of 64 take o_proj / down_proj (N = 1024: 128 output tiles) from 0.054 /
+    # 0.077 ms to 0.035 / 0.051 and are even on qkv / gate_up; the LM head (N = 151 936) is faster at
+    # 4 warps and K steps of 128 (2.48 against 2.74 ms); same bytes
+    linear_mid=(32, 64, 64, 8, 3),
+    linear_mid_wide=(32, 64, 128, 4, 2),
 )
 
 ROCM = TritonTarget(
