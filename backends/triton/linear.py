@@ -14,7 +14,8 @@
    accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue rounds ``C * 2**(ex + ew -
    47)`` once to the output dtype (P3'; with a bias, to fp32, + bias, cast) or, for
    ``linear_partial``, stores the int64 ``C`` itself.
-   Decode path (M <= 64, and M <= ``MID_MAX_M`` at the target's ``linear_mid`` tile;
+   Decode path (M <= 64, and M <= ``MID_MAX_M`` at the target's ``linear_mid`` or, with few output
+   tiles, ``linear_mid_few`` tile;
    ``W_DIGITS=False``): the weight's row exponents come from
    ``_linear_digits_kernel`` without planes (one read of the weight, one program per row); the
    GEMM reads the bf16/fp16 weight again and makes its digits in registers, so the weight never
@@ -56,8 +57,9 @@ DECODE_MAX_M = 64
 #: rows of x at or below which (and above DECODE_MAX_M) the same kernel runs at the target's
 #: ``linear_mid`` tile (where the target has one; else the prefill path)
 MID_MAX_M = 256
-#: outputs of at least this many columns (an LM head's vocabulary) take the target's ``linear_mid_wide`` tile
-MID_WIDE_N = 16384
+#: a mid-path launch whose ``linear_mid`` output tiles are at most this many per SM takes the
+#: target's ``linear_mid_few`` tile (o_proj / down_proj of a decode step: N = 1024)
+MID_FEW_WAVES = 2
 #: the prefill path splits K over programs when its output tiles fill less than half the GPU's
 #: SMs (M = 256 rows of a decode step at N = 1024: 32 tiles on 132 SMs), each split at least this
 #: many BLOCK_K steps; the int64 partials are added with atomics into a zeroed buffer (exact)
@@ -288,15 +290,18 @@ def _digits(t: torch.Tensor, e: torch.Tensor | None = None, write: bool = True,
     return d, e
 
 
-def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False,
-           n: int = 0) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows (and ``n``
-    output columns) on ``target``."""
+def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False, n: int = 0,
+           device: torch.device | None = None) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the GEMM for ``m`` rows on ``target``
+    (the mid path also looks at ``n`` output columns and the SMs of ``device``)."""
     if SMALL_TILES:
         return 16, 16, 32, 1, 1
-    if mid and n >= MID_WIDE_N and target.linear_mid_wide is not None:
-        return target.linear_mid_wide
     if mid and target.linear_mid is not None:
+        bm, bn = target.linear_mid[:2]
+        if target.linear_mid_few is not None and device is not None and device.type == "cuda":
+            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+            if triton.cdiv(m, bm) * triton.cdiv(n, bn) <= MID_FEW_WAVES * sms:
+                return target.linear_mid_few
         return target.linear_mid
     if decode:
         bm = max(16, triton.next_power_of_2(m))
@@ -391,7 +396,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
-    bm, bn, bk, warps, stages = _tiles(m, decode, target, mid, n)
+    bm, bn, bk, warps, stages = _tiles(m, decode, target, mid, n, x.device)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_split = _k_split(tiles, k, bk, x.device, target) if decode else _prefill_k_split(tiles, k, bk, x.device)
     atomic = k_split < k
@@ -548,10 +553,12 @@ def static_specs(target: TritonTarget):
     if target.linear_mid is not None:  # 64 < M <= 256: the decode kernel at the mid tile
         gemm("mid_gemm_bf16_weight_bf16_out", "*bf16", "*bf16", target.linear_mid, w_digits=False, finish=True,
              out=1)
-        gemm("mid_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", target.linear_mid, w_digits=False,
-             finish=False, atomic=True)
-    if target.linear_mid_wide is not None:  # the same at N >= MID_WIDE_N (an LM head's fp32 logits)
-        gemm("mid_wide_gemm_bf16_weight_fp32_out", "*bf16", "*fp32", target.linear_mid_wide, w_digits=False,
-             finish=True)
+        # few output tiles (N = 1024 at M = 256) take linear_mid_few; fewer than half the SMs' worth
+        # (M <= 96 at N = 1024) also split K, so the split launch is at that tile
+        few = target.linear_mid_few or target.linear_mid
+        if target.linear_mid_few is not None:
+            gemm("mid_few_gemm_bf16_weight_bf16_out", "*bf16", "*bf16", few, w_digits=False, finish=True, out=1)
+        gemm("mid_split_k_bf16_weight_int64_atomic", "*bf16", "*i64", few, w_digits=False, finish=False,
+             atomic=True)
     specs.append(finish_spec("linear", "finish_fp16_out_bias", "*fp16", bias=True, out=2))
     return specs

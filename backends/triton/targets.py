@@ -58,9 +58,9 @@ class TritonTarget:
     #: made in registers from the bf16/fp16 weight, no weight planes) at this (BLOCK_M, BLOCK_N,
     #: BLOCK_K, num_warps, num_stages); None: the prefill path (weight digit planes)
     linear_mid: tuple[int, int, int, int, int] | None = None
-    #: ``linear_mid``'s tile for outputs of at least ``linear.MID_WIDE_N`` columns (an LM head over a
-    #: vocabulary); None: ``linear_mid``
-    linear_mid_wide: tuple[int, int, int, int, int] | None = None
+    #: ``linear_mid``'s kernel where ``linear_mid``'s output tiles are at most ``linear.MID_FEW_WAVES``
+    #: per SM (narrow outputs: more warps a tile hide more latency); None: ``linear_mid``
+    linear_mid_few: tuple[int, int, int, int, int] | None = None
 
 
 CUDA = TritonTarget(
@@ -84,13 +84,14 @@ CUDA = TritonTarget(
     # decode of GQA groups of up to 4 query heads a KV head on the fp64 CUDA cores: at 8 rows the
     # pass-2 kernel spills registers (ptxas for sm_90), at 4 it holds 220, at 2 (Qwen3-0.6B) 127
     attention_rows_max=4,
-    # the four linears of a Qwen3-0.6B decode step of 256 sequences, device time under CUDA graphs
-    # (H100 at 78328fb, tools/exp_linear_tiles.py --rollout, docs/bench/h100-exp-linear-rollout-78328fb.json):
-    # 8 warps and K steps of 64 take o_proj / down_proj (N = 1024: 128 output tiles) from 0.054 /
-    # 0.077 ms to 0.035 / 0.051 and are even on qkv / gate_up; the LM head (N = 151 936) is faster at
-    # 4 warps and K steps of 128 (2.48 against 2.74 ms); same bytes
-    linear_mid=(32, 64, 64, 8, 3),
-    linear_mid_wide=(32, 64, 128, 4, 2),
+    # the linears of a Qwen3-0.6B decode step of 256 sequences, device time under CUDA graphs
+    # (tools/exp_linear_tiles.py --rollout; H100 at 78328fb, H200 at 78cf962: docs/bench/
+    # h100-exp-linear-rollout-78328fb.json, h200-exp-linear-rollout-78cf962.json): (32, 64, 128, 4, 2)
+    # is fastest from N = 4096 (512 output tiles; H200: qkv 0.057 against 0.064 ms at 8 warps, the LM
+    # head 1.88 against 2.20); at N = 1024 (128 tiles, under one per SM) 8 warps and K steps of 64
+    # are (o_proj 0.040 -> 0.030, down_proj 0.059 -> 0.044 ms); same bytes
+    linear_mid=(32, 64, 128, 4, 2),
+    linear_mid_few=(32, 64, 64, 8, 3),
 )
 
 ROCM = TritonTarget(
