@@ -146,18 +146,22 @@ def int64_to_f32(s):
 
 @triton.jit
 def ro53(mag):
-    """Non-negative int64 ``mag`` rounded to odd at 53 bits, as fp64 (exact below 2**53).
+    """Non-negative int64 ``mag`` (< 2**63) rounded to odd at 53 bits, as fp64 (exact below 2**53).
 
     Round-to-odd keeps what a later nearest-even rounding needs: ``RN_p(RO_q(v)) = RN_p(v)`` for
-    ``q >= p + 2``. The hardware's conversion (nearest) is moved one ulp toward zero where it went
-    up and gets its last bit set where it was inexact, both read from the exact difference with
-    ``mag``; a conversion that reaches 2**63 went up and is not converted back.
+    ``q >= p + 2``. ``mag = hi * 2**32 + lo`` is converted by halves (both exact in fp64) and one
+    addition (its single rounding: nearest-even); the rounding error is read exactly from ``d -
+    hi * 2**32`` (Sterbenz: ``d`` lies within a factor two of ``hi * 2**32`` when ``hi >= 1``; ``d =
+    lo`` when ``hi = 0``) against ``lo``; the result is moved one ulp toward zero where the addition
+    went up and gets its last bit set where it was inexact. No 64-bit integer <-> float conversion:
+    AMD GPUs have none, and their compiler's expansion of one uses fused multiply-adds that the
+    static checks refuse.
     """
-    d = mag.to(tl.float64)
-    over = d >= 9223372036854775808.0
-    back = tl.where(over, 0.0, d).to(tl.int64)
-    up = over | (back > mag)
-    odd = (d.to(tl.int64, bitcast=True) - up.to(tl.int64)) | (over | (back != mag)).to(tl.int64)
+    hf = (mag >> 32).to(tl.int32).to(tl.float64) * 4294967296.0
+    lf = (mag & 4294967295).to(tl.uint32).to(tl.float64)
+    d = hf + lf
+    r = d - hf
+    odd = (d.to(tl.int64, bitcast=True) - (r > lf).to(tl.int64)) | (r != lf).to(tl.int64)
     return odd.to(tl.float64, bitcast=True)
 
 
