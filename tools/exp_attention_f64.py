@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -28,24 +29,11 @@ CASES = ("qwen3_0.6b_decode_B256_ctx128_bs16_bf16", "qwen3_8b_decode_B64_ctx4096
 
 
 def _graph_ms(fn, reps: int = 20) -> float:
-    """Median device ms of one call replayed from a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    """Median device ms of one call replayed from a CUDA graph (``exp_linear_tiles.graph_ms``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from exp_linear_tiles import graph_ms
+
+    return graph_ms([fn], reps)
 
 
 def main() -> None:
