@@ -224,19 +224,18 @@ def run_op_checks(contract_module: str, golden_only: bool = False, limit_scale: 
 def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
     """The Triton primitives on random bit patterns + specials vs ``rlkernel.contracts._exact``
     (``device``: where the kernels run; "cpu" under the interpreter, "cuda" on a GPU)."""
+    from types import SimpleNamespace
+
     from rlkernel.backends.triton import _prims as prims
 
-    class P:  # the primitives' launchers, on ``device``, with their results brought back
-        @staticmethod
-        def _run(fn: Any, *args: Any) -> Any:
+    def on_device(fn: Any) -> Any:  # a primitive's launcher on ``device``, its results brought back
+        def call(*args: Any) -> Any:
             out = fn(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
             return tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+        return call
 
-        prim_f32 = staticmethod(lambda *a: P._run(prims.prim_f32, *a))
-        prim_int = staticmethod(lambda *a: P._run(prims.prim_int, *a))
-        prim_out = staticmethod(lambda *a: P._run(prims.prim_out, *a))
-        prim_grid = staticmethod(lambda *a: P._run(prims.prim_grid, *a))
-        prim_grid28 = staticmethod(lambda *a: P._run(prims.prim_grid28, *a))
+    P = SimpleNamespace(**{name: on_device(getattr(prims, name))
+                           for name in ("prim_f32", "prim_int", "prim_out", "prim_grid", "prim_grid28")})
 
     from rlkernel.contracts._exact import fixed as FX
     from rlkernel.contracts._exact import fp32 as F

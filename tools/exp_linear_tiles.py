@@ -84,7 +84,7 @@ def rollout() -> list[dict]:
         row: dict = {"m": m, "k": k, "n": n, "out": ydt, "weight_copies": copies,
                      "native_ms": graph_ms([lambda w=w: torch.nn.functional.linear(x, w).to(out_dtype) for w in ws]),
                      "op_ms": graph_ms([lambda w=w: L.linear(x, w, out_dtype=out_dtype, target=CUDA) for w in ws])}
-        refs = [L.linear(x, w, out_dtype=out_dtype, target=CUDA) for w in ws[:1]]
+        ref = L.linear(x, ws[0], out_dtype=out_dtype, target=CUDA)
         xd, ex = L._digits(x)
         ews = [L._digits(w, write=False, activation=False)[1] for w in ws]
         wds = [L._digits(w, activation=False)[0] for w in ws]
@@ -107,7 +107,7 @@ def rollout() -> list[dict]:
                 call(0)
                 if finish:
                     bits = torch.int32 if ydt == "fp32" else torch.int16
-                    row[name + "_equal"] = bool(torch.equal(y.view(bits), refs[0].view(bits)))
+                    row[name + "_equal"] = bool(torch.equal(y.view(bits), ref.view(bits)))
                 row[name + "_ms"] = graph_ms([functools.partial(call, i) for i in range(copies)])
             except Exception as e:  # e.g. out of shared memory or registers: recorded, the next one runs
                 row[name + "_err"] = str(e)[:200]

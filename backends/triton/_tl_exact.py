@@ -193,16 +193,21 @@ def int64_to_out(s, k, OUT: tl.constexpr):
     output format), then rounded once to the format (:func:`f64_to_out`). Zero gives +0; a
     negative value that rounds to zero gives -0.
     """
-    s = s.to(tl.int64)
-    neg = s < 0
-    y = ro53(tl.where(neg, -s, s)) * pow2_f64(tl.minimum(tl.maximum(k, -1000), 1000).to(tl.int32))
-    return with_sign(f64_to_out(y, OUT), neg)
+    return int64_scaled_to_out(s, pow2_f64(tl.minimum(tl.maximum(k, -1000), 1000).to(tl.int32)), 1.0, OUT)
 
 
 @triton.jit
-def with_sign(f, neg):
-    """fp32 ``f >= 0`` with the sign bit set where ``neg``, from the bits (a float negation may
-    compile to 0 - x, which gives +0 for a zero)."""
+def int64_scaled_to_out(s, a, b, OUT: tl.constexpr):
+    """P3' of ``s * a * b`` for int64 ``s`` (|s| < 2**63) and fp64 powers of two ``a``, ``b`` whose
+    products with ``|s|`` stay in fp64's normal range (exact): ``|s|`` rounded to odd at 53 bits
+    (:func:`ro53`), times ``a`` then ``b``, rounded once to format ``OUT`` (:func:`f64_to_out`), as
+    the fp32 holding that value. A row and a column factor (``linear``'s ``2**ex`` and
+    ``2**(ew - 47)``) scale a tile without an exponent per element. Zero gives +0; a negative value
+    that rounds to zero gives -0, its sign set from the bits (a float negation may compile to
+    0 - x, which gives +0 for a zero)."""
+    s = s.to(tl.int64)
+    neg = s < 0
+    f = f64_to_out((ro53(tl.where(neg, -s, s)) * a) * b, OUT)
     return f32_from_bits(f32_bits(f) | tl.where(neg, -2147483648, 0))
 
 

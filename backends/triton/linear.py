@@ -190,9 +190,7 @@ def _out_tile(acc, ex, ew, x_live, w_live, OUT: tl.constexpr):
     # |C| rounded to odd at 53 bits times both is exact, then rounded once to the format
     row = E.pow2_f64(tl.where(x_live, ex, 0))
     col = E.pow2_f64(tl.where(w_live, ew, 0) - 47)
-    neg = acc < 0
-    y = E.f64_to_out((E.ro53(tl.where(neg, -acc, acc)) * row[:, None]) * col[None, :], OUT)
-    y = E.with_sign(y, neg)
+    y = E.int64_scaled_to_out(acc, row[:, None], col[None, :], OUT)
     return tl.where(x_live[:, None] & w_live[None, :], y, E.canonical_nan_f32(y))
 
 
