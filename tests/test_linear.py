@@ -221,6 +221,31 @@ def test_tiny_exponent_sums_underflow_to_signed_zero() -> None:
     assert y.view(torch.int32).tolist() == [[0], [-(1 << 31)]]
 
 
+def test_given_weight_exponents_give_the_same_bits_and_are_checked() -> None:
+    """``weight_exponents`` (the rollout engine's decode graphs hold them in buffers): the bits of
+    the op without them, checked against the weight outside a capture; autograd recomputes them."""
+    x, w = _data("given_ew", 6, 96, 9, outliers=500.0)
+    w[4] = 0.0
+    w[7, 5] = float("nan")
+    b = normal(seed_of("test_linear", "given_ew_b"), (9,), 0.5, FP32)
+    ew = linear_exponents(x, w)[1]
+    assert ew[4] == ZERO_EXP and ew[7] == SENTINEL
+    for out in (None, FP32):
+        assert_bits_equal(linear(x, w, b, out), linear(x, w, b, out, weight_exponents=ew), f"out={out}")
+    xr = x.clone().requires_grad_(True)
+    assert_bits_equal(linear(x, w, b), linear(xr, w, b, weight_exponents=ew))
+    stale = ew.clone()
+    stale[2] += 1  # as after the weight's row 2 shrank in place
+    with pytest.raises(ValueError, match=r"weight_exponents\[2\] = .* but row 2 of weight has exponent .*Recompute"):
+        linear(x, w, weight_exponents=stale)
+    with pytest.raises(TypeError, match="weight_exponents"):
+        linear(x, w, weight_exponents=ew.to(torch.int32))
+    with pytest.raises(ValueError, match=r"weight_exponents has shape \(8,\); expected \[9\]"):
+        linear(x, w, weight_exponents=ew[:8])
+    with pytest.raises(TypeError, match="weight_exponents"):
+        linear(x, w, weight_exponents=ew.tolist())
+
+
 # ----------------------------------------------------------------------------- invariances
 
 

@@ -290,6 +290,43 @@ def test_padded_decode_buffers_keep_the_bits(model, prompts, baseline) -> None:
     outs = llm.generate(prompts, PARAMS)
     assert_same_outputs(baseline, outs, "padded static decode buffers")
     assert runner.graphs.steps > runner.graphs.padded_steps > 0
+    assert runner.graphs.exponents is not None and runner.graphs.exponents.refreshes == 2  # built, generate
+
+
+def test_decode_graph_weight_exponents_follow_weight_changes(tmp_path, prompts) -> None:
+    """The decode path holds the linear weights' exponents in buffers: refreshed by every
+    ``generate`` (a ``.data`` write between calls), by a decode step after an in-place update that
+    moves a version counter, and an eager forward on stale buffers raises instead of computing on
+    the wrong grid."""
+    from rlkernel.rollout.cuda_graph import DecodeGraphs
+
+    config = tiny_config()
+    model = load_checkpoint(write_checkpoint(tmp_path, config, random_weights(config, seed=0)))
+    llm = LLM(model, num_blocks=40, block_size=4, max_num_seqs=7)
+    runner = llm.model_runner
+    runner.kv_cache = model.allocate_kv_cache(40 + DecodeGraphs.padding_blocks(7, 4), 4)
+    runner.graphs = graphs = DecodeGraphs(model, runner.kv_cache, 7, llm.max_model_len, first_pad_block=40,
+                                          capture=False)
+    exps = graphs.exponents
+    assert exps is not None and len(exps.layers) == 4 * model.config.num_hidden_layers and exps.refreshes == 1
+    llm.generate(prompts, PARAMS)
+    assert exps.refreshes == 2  # generate's own
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    before = exps.buffers[exps.layers.index(qkv)].clone()
+    qkv.weight.data[:5].mul_(4.0)  # exponents + 2 on five rows; .data leaves the version counter alone
+    with pytest.raises(ValueError, match="the weight changed after they were made"):
+        graphs.run([1, 2], [3, 4], [[0], [1]])
+    outs = llm.generate(prompts, PARAMS)
+    assert torch.equal(exps.buffers[exps.layers.index(qkv)], before + torch.tensor([2] * 5 + [0] * (len(before) - 5)))
+    fresh = LLM(model, num_blocks=64, block_size=4, max_num_seqs=16).generate(prompts, PARAMS)
+    assert_same_outputs(fresh, outs, "decode buffers after a .data weight change")
+    refreshes = exps.refreshes
+    with torch.no_grad():
+        qkv.weight[:5].div_(4.0)  # moves the version counter: the next decode step refreshes by itself
+    graphs.run([1, 2], [3, 4], [[0], [1]])
+    assert exps.refreshes == refreshes + 1 and torch.equal(exps.buffers[exps.layers.index(qkv)], before)
+    graphs.run([1, 2], [3, 4], [[0], [1]])
+    assert exps.refreshes == refreshes + 1
 
 
 def test_an_interrupted_generate_frees_every_block(model, prompts, baseline, monkeypatch) -> None:

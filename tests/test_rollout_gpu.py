@@ -97,3 +97,32 @@ def test_native_baseline_runs_with_cuda_graphs(model, prompts) -> None:
     for a, b in zip(outs, outs_eager):
         if PARAMS[a.prompt_index].greedy:
             assert a.token_ids[0] == b.token_ids[0], f"prompt {a.prompt_index}: {a.token_ids} vs {b.token_ids}"
+
+
+def test_graph_weight_exponents_follow_weight_updates(path, prompts) -> None:
+    """The captured decode steps read the linear weights' exponents from buffers: after the weights
+    change in place (``.data``, as a weight sync writes them, then an optimizer-style in-place
+    update), the next ``generate`` replays with the new weights' bits, equal to an eager engine's."""
+    model = load_checkpoint(path, device="cuda")
+    llm = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24)
+    graphs = llm.model_runner.graphs
+    assert graphs is not None and graphs.exponents is not None
+    llm.generate(prompts, PARAMS)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for layer in model.model.layers:  # rows scaled by 2**-3 .. 2**3: every row's exponent moves
+        for lin in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
+            scale = 2.0 ** torch.randint(-3, 4, (lin.weight.shape[0], 1), generator=g, device="cuda")
+            lin.weight.data.mul_(scale.to(lin.weight.dtype))
+    outs = llm.generate(prompts, PARAMS)
+    assert graphs.replays > 0
+    with torch.no_grad():
+        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, PARAMS)
+    assert_same_outputs(eager, outs, "graphs after a .data weight update vs eager")
+    with torch.no_grad():
+        model.model.layers[1].mlp.gate_up_proj.weight.mul_(0.25)  # moves the version counter
+    refreshes = graphs.exponents.refreshes
+    outs = llm.generate(prompts, PARAMS)
+    assert graphs.exponents.refreshes > refreshes
+    with torch.no_grad():
+        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, PARAMS)
+    assert_same_outputs(eager, outs, "graphs after an in-place update vs eager")

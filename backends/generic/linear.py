@@ -148,9 +148,18 @@ def finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Te
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16), bias [N] or None -> [M, N] out_dtype."""
-    ex, ew = _exponents(x), _exponents(weight)
+           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16), bias [N] or None -> [M, N] out_dtype.
+
+    Parameters
+    ----------
+    ew : Tensor, int64, [N], optional
+        The weight's row exponents (``linear_exponents``), made beforehand: the public op passes
+        them only when its caller gave ``weight_exponents`` (checked equal to the weight's own,
+        or vouched for by a CUDA-graph capture). None: compute them here.
+    """
+    ex = _exponents(x)
+    ew = _exponents(weight) if ew is None else ew
     path = _path(x.device)
     dispatch.note_kernel(path)
     acc = partial_sum(x, weight, ex, ew, path)

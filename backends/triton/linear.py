@@ -438,16 +438,19 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, *, target: TritonTarget) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None, *,
+           target: TritonTarget) -> torch.Tensor:
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
 
+    ``ew``: the weight's row exponents int64 [N], made beforehand (the public op has checked them,
+    or a CUDA-graph capture vouches for them), or None to compute them here (one read of the weight).
     Reports the path through ``dispatch.note_kernel``: ``triton-int8`` (digit planes for both
     operands) or ``triton-int8-decode`` (M <= 64, or M <= ``MID_MAX_M`` on a target with a
     ``linear_mid`` tile: weight digits made in registers).
     """
     _check_k("linear", x.shape[1])
     bias = bias.contiguous() if bias is not None else None
-    y, _, _ = _gemm(x, weight, None, None, bias, out_dtype or x.dtype, target)
+    y, _, _ = _gemm(x, weight, None, ew, bias, out_dtype or x.dtype, target)
     return y
 
 

@@ -103,6 +103,10 @@ class LinearBase(OpsUser, nn.Module):
         out_local = divide(output_size, self.tp_size, f"{type(self).__name__} output size") if tp_dim == 0 \
             else output_size
         self.weight = frozen((out_local, in_local), dtype, device)
+        #: The weight's row exponents, int64 [out_local], when a CUDA-graph capture holds them in a
+        #: buffer (``rlkernel.rollout.weight_exponents``): forwards then pass them to
+        #: ``rlkernel.ops.linear`` (``weight_exponents=``); None (default): the op computes them.
+        self.weight_exponents: torch.Tensor | None = None
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.weight.weight_gatherer = self.weight_gatherer  # type: ignore[attr-defined]
         self.weight.shard_ids = (None,)  # type: ignore[attr-defined]
@@ -133,6 +137,12 @@ class LinearBase(OpsUser, nn.Module):
             return {None: param.data}
         return {None: gather_cat(param.data, dim, self.group)}
 
+    def _local(self, x: torch.Tensor) -> torch.Tensor:
+        """``linear`` on this rank's whole weight (no communication), with its held exponents if any."""
+        if self.weight_exponents is None:
+            return self.ops.linear(x, self.weight, self.bias)
+        return self.ops.linear(x, self.weight, self.bias, weight_exponents=self.weight_exponents)
+
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
                 f"tp={self.tp_rank}/{self.tp_size}, dtype={self.weight.dtype}")
@@ -149,7 +159,7 @@ class Linear(LinearBase):
         super().__init__(input_size, output_size, bias, None, None, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(x, self.weight, self.bias)
+        return self._local(x)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -165,7 +175,7 @@ class ColumnParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return self.ops.linear(x, self.weight, self.bias)
+            return self._local(x)
         return column_parallel_linear(x, self.weight, self.bias, group=self.group)
 
 
@@ -297,5 +307,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return self.ops.linear(x, self.weight, self.bias)
+            return self._local(x)
         return row_parallel_linear(x, self.weight, self.bias, group=self.group)

@@ -167,7 +167,7 @@ def _backward_bound(what: str, axis: str, size: int) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, weight_exponents: torch.Tensor | None = None) -> torch.Tensor:
     """Exact, reproducible ``y = x @ weight.T + bias`` (contract ``linear`` v2).
 
     ``y_ij = RN_out(sum_k X_ik Wt_jk * 2**(ex_i + ew_j - 47))`` (with a bias: ``RN_out(RN32(RN32(...) + bias_j))``)
@@ -181,6 +181,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bias : Tensor, x.dtype or float32, [N], optional
     out_dtype : torch.dtype, optional
         ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``; default ``x.dtype``.
+    weight_exponents : Tensor, int64, [N], optional
+        The weight's row exponents as it is now (``linear_exponents(x, weight)[1]``), made
+        beforehand so that the op does not read the weight for them. For CUDA-graph capture: the
+        captured kernels then read this buffer instead of recomputing the exponents at every
+        replay (``rlkernel.rollout``'s decode graphs refresh it whenever the weights may have
+        changed). Outside a capture they are checked against the weight (one read of it and a
+        host sync, so eager callers gain nothing); during a capture the caller vouches for them.
+        The result is the same bits as without them.
 
     Returns
     -------
@@ -190,8 +198,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ------
     TypeError
         float32 (or other) x/weight: the integer grids would round fp32 inputs — cast to bf16/fp16.
+        weight_exponents not int64.
     ValueError
-        Shape mismatch, K > 2**16 - 1, bias not [N].
+        Shape mismatch, K > 2**16 - 1, bias not [N], weight_exponents not [N] or (outside a
+        CUDA-graph capture) not the weight's exponents.
 
     Bitwise semantics
     -----------------
@@ -221,14 +231,36 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     n = weight.shape[0]
     bias = _check_bias(op, bias, n)
     out = _check_out_dtype(op, out_dtype, x.dtype)
-    device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias)])
+    if weight_exponents is not None:
+        weight_exponents = v.tensor(op, "weight_exponents", weight_exponents)
+    device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias), ("weight_exponents", weight_exponents)])
+    given = {} if weight_exponents is None else {"ew": _given_weight_exponents(op, weight_exponents, weight, device)}
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    if needs_grad:
+    if needs_grad:  # (given exponents are the weight's own: the autograd path recomputes them)
         y: torch.Tensor = LinearFunction.apply(x, weight, bias, out)
         return y
-    y = dispatch.call(op, device, x=_rows(x), weight=weight, bias=bias, out_dtype=out)
+    y = dispatch.call(op, device, x=_rows(x), weight=weight, bias=bias, out_dtype=out, **given)
     return y.reshape(*x.shape[:-1], n)
+
+
+def _given_weight_exponents(op: str, ew: torch.Tensor, weight: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``weight_exponents`` checked: int64 [N]; outside a CUDA-graph capture, equal to the weight's own."""
+    n = weight.shape[0]
+    v.dtype(op, "weight_exponents", ew, (torch.int64,))
+    if tuple(ew.shape) != (n,):
+        raise ValueError(f"{op}: weight_exponents has shape {tuple(ew.shape)}; expected [{n}] (one per row of weight)")
+    if v.capturing(device):  # the capturing caller vouches for the values (they cannot be read now)
+        return ew.contiguous()
+    with torch.no_grad():
+        own = dispatch.call("linear_exponents", device, x=weight[:0], weight=weight)[1]
+    wrong = own != ew
+    if n and bool(wrong.any()):
+        i = int(wrong.nonzero()[0, 0])
+        raise ValueError(f"{op}: weight_exponents[{i}] = {int(ew[i])}, but row {i} of weight has exponent "
+                         f"{int(own[i])}: the weight changed after they were made. Recompute them with "
+                         f"rlkernel.ops.linear_exponents(x, weight)[1] after every change of the weight")
+    return ew.contiguous()
 
 
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

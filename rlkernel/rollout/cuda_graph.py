@@ -14,13 +14,21 @@ per query), so the real rows' bits are those of an eager step.
 Capture needs every op on the path to launch without reading device values on the host; the
 ops skip their value checks while a stream is capturing (``rlkernel._validate.capturing``) and
 the runner vouches for the inputs: it builds them itself.
+
+The linear layers run with their weights' row exponents held in buffers
+(:class:`~rlkernel.rollout.weight_exponents.WeightExponents`): a replay reads them instead of
+reading every weight for them. :meth:`DecodeGraphs.run` refreshes them when a weight's version
+counter moved; the engine refreshes them at every ``generate`` and ``refresh_weights``.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from rlkernel.model import AttentionMetadata, KVCache, Qwen3ForCausalLM
+from rlkernel.rollout.weight_exponents import WeightExponents
 
 __all__ = ["DecodeGraphs", "graph_batch_sizes"]
 
@@ -85,6 +93,8 @@ class DecodeGraphs:
         #: Validate the padded batch on the host before each eager run (capture=False; tests).
         self.check = False
         self.sizes = graph_batch_sizes(max_batch_size)
+        #: The linear weights' exponents the graphs read (the exact ops only; torch's have none).
+        self.exponents = WeightExponents(model) if model.ops.bitwise else None
         if capture:
             self._capture(max_model_len)
 
@@ -93,8 +103,14 @@ class DecodeGraphs:
                                  block_tables=self.block_tables[:size], slot_mapping=self.slot_mapping[:size])
 
     def _forward(self, size: int, check: bool = False) -> None:
-        self.hidden[:size] = self.model(self.input_ids[:size], self.positions[:size], self._meta(size),
-                                        self.kv_cache, check=check)
+        with self.exponents.active() if self.exponents is not None else nullcontext():
+            self.hidden[:size] = self.model(self.input_ids[:size], self.positions[:size], self._meta(size),
+                                            self.kv_cache, check=check)
+
+    def refresh(self) -> None:
+        """Recompute the held weight exponents from the weights as they are now."""
+        if self.exponents is not None:
+            self.exponents.refresh()
 
     @torch.inference_mode()
     def _capture(self, max_model_len: int) -> None:
@@ -146,6 +162,8 @@ class DecodeGraphs:
         self.block_tables[b:size, 0].copy_(self.pad_table[b:size, 0])
         self.steps += 1
         self.padded_steps += b < size
+        if self.exponents is not None:
+            self.exponents.refresh_if_changed()
         graph = self.graphs.get(size)
         if graph is None:  # built with capture=False
             self._forward(size, self.check)

@@ -258,6 +258,7 @@ class LLM:
                 seqs.append(Sequence(request_id, i, j, ids, sp, sample_seed(seed, j)))
         for seq in seqs:
             self.scheduler.add(seq)
+        self.refresh_weights()  # the weights may have changed since the last call (a training step)
         progress = _Progress(len(seqs), self.stats) if use_tqdm and self.model.tp_rank == 0 else None
         try:
             with torch.inference_mode():
@@ -272,6 +273,19 @@ class LLM:
             if progress is not None:
                 progress.close()
         return [seq.output() for seq in seqs]
+
+    def refresh_weights(self) -> None:
+        """Re-read what the engine holds of the model's weights: the decode graphs' copies of their
+        row exponents (``rlkernel.rollout.weight_exponents``).
+
+        :meth:`generate` does this at its start, and each decode step does it when a weight's
+        version counter moved. Call it yourself only when you drive :meth:`step` directly and
+        change weights in place between steps through ``.data`` or raw copies (a checkpoint
+        loader's ``param.data.copy_``, a collective writing into the storage), which leave the
+        counters alone.
+        """
+        with torch.no_grad():
+            self.model_runner.refresh_weights()
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> int:

@@ -62,6 +62,11 @@ class ModelRunner:
         if pad_blocks:
             self.graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs, max_model_len, first_pad_block=num_blocks)
 
+    def refresh_weights(self) -> None:
+        """Re-read what the decode graphs hold of the weights (their row exponents); no-op when eager."""
+        if self.graphs is not None:
+            self.graphs.refresh()
+
     # ------------------------------------------------------------------ one step
     def run(self, batch: Batch) -> tuple[list[Sequence], list[int], torch.Tensor]:
         """Feed each ``(seq, n)``: tokens ``seq.num_computed_tokens .. + n``.
