@@ -10,7 +10,11 @@ configuration's bits, and writes JSON (argv[1]). The launch configuration cannot
 rotated beyond L2, for the GEMM on the bf16 weight and on digit planes made once (see
 ``rollout``); every variant's bytes are compared with the op's::
 
-    python tools/exp_linear_tiles.py OUT.json [--rollout]
+    python tools/exp_linear_tiles.py OUT.json [--rollout | --prefill06]
+
+``--prefill06``: the four linears of a Qwen3-0.6B prefill of 16 384 tokens (the end-to-end
+benchmark's) at the current tile and at 32-row tiles (``PREFILL06_EXTRA``: below 64 rows Triton issues
+``mma.sync`` instead of ``wgmma``, whose int32-accumulator dots it never leaves in flight).
 """
 
 # ruff: noqa: B023  (each closure is timed inside its own loop iteration)
@@ -26,6 +30,10 @@ import triton
 CONFIGS = [(128, 64, 128, 8, 2), (128, 64, 64, 8, 3), (128, 64, 64, 8, 4), (64, 128, 128, 8, 2),
            (64, 64, 128, 4, 3), (128, 32, 128, 4, 3), (64, 128, 64, 4, 3), (128, 64, 128, 4, 2)]
 SHAPES = [(8192, 4096, 4096), (2048, 4096, 12288), (16384, 1024, 6144), (16384, 3072, 1024)]
+#: the four linears of the end-to-end benchmark's Qwen3-0.6B prefill (256 prompts x 64 tokens)
+PREFILL06_SHAPES = [(16384, 1024, 4096), (16384, 2048, 1024), (16384, 1024, 6144), (16384, 3072, 1024)]
+PREFILL06_EXTRA = [(32, 64, 128, 4, 2), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3), (32, 64, 128, 8, 2),
+                   (32, 64, 64, 8, 3), (64, 64, 64, 4, 3)]
 
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the rollout variants
@@ -129,7 +137,8 @@ def main() -> None:
             json.dump(doc, f, indent=1)
         return
     out = []
-    for m, k, n in SHAPES:
+    prefill06 = "--prefill06" in sys.argv
+    for m, k, n in PREFILL06_SHAPES if prefill06 else SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
         w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
@@ -138,7 +147,7 @@ def main() -> None:
         row: dict = {"m": m, "k": k, "n": n,
                      "native_ms": triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w))}
         ref = None
-        for cfg in CONFIGS:
+        for cfg in [(128, 64, 64, 8, 3), *PREFILL06_EXTRA] if prefill06 else CONFIGS:
             y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             name = "x".join(map(str, cfg[:3])) + f"_w{cfg[3]}s{cfg[4]}"
 
