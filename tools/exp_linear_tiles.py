@@ -37,9 +37,10 @@ PREFILL06_EXTRA = [(32, 64, 128, 4, 2), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3),
 
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the rollout variants
-ROLLOUT_TILES_BF16W = [(32, 64, 128, 4, 2), (32, 64, 128, 8, 2), (32, 64, 64, 8, 3), (64, 32, 128, 8, 2),
-                       (64, 64, 64, 8, 3), (32, 128, 64, 8, 2)]
-ROLLOUT_TILES_PLANES = [(128, 64, 64, 8, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3)]
+ROLLOUT_TILES_BF16W = [(32, 64, 128, 4, 2), (32, 64, 64, 8, 3)]
+#: 32-row tiles run mma.sync (pipelined); 64 and 128 rows wgmma (each int32-accumulator dot waited for)
+ROLLOUT_TILES_PLANES = [(128, 64, 64, 8, 3), (64, 64, 64, 4, 3), (32, 64, 128, 4, 2), (32, 64, 64, 8, 3),
+                        (32, 64, 128, 8, 2), (32, 64, 64, 4, 3)]
 #: the four linears of a Qwen3-0.6B decode step at 256 sequences, and its LM head (fp32 logits)
 ROLLOUT_SHAPES = [(256, 1024, 4096, "bf16"), (256, 2048, 1024, "bf16"), (256, 1024, 6144, "bf16"),
                   (256, 3072, 1024, "bf16"), (256, 1024, 151936, "fp32")]
