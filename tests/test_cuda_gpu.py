@@ -270,3 +270,18 @@ def test_rollout_logprobs_of_logits_equal_token_logprobs_on_the_gpu(temperature:
         want = ops.token_logprobs(hidden, head.weight, targets, temperature)
         got = head.logprobs_of_logits(head.logits(hidden), targets, temperature)
     _assert_bitwise(want, got, f"logprobs_of_logits at temperature {temperature}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_residual_add_is_the_fp32_add_rounded_once_on_the_gpu(dtype: torch.dtype) -> None:
+    """The model's ``residual_add`` (torch's one-kernel half add on CUDA) against the spelled-out
+    ``RN(fp32(a) + fp32(b))`` on the GPU, random bit patterns and near-cancelling pairs."""
+    from rlkernel.model.qwen3 import residual_add
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.randint(-(1 << 15), 1 << 15, (1 << 22,), dtype=torch.int16, generator=g, device="cuda").view(dtype)
+    b = torch.randint(-(1 << 15), 1 << 15, a.shape, dtype=torch.int16, generator=g, device="cuda").view(dtype)
+    near = (a.view(torch.int16) + torch.randint(-300, 300, a.shape, dtype=torch.int16, generator=g,
+                                                device="cuda")).view(dtype)
+    for other in (b, near, -near):
+        _assert_bitwise((a.float() + other.float()).to(dtype), residual_add(a, other), f"residual_add {dtype}")

@@ -197,3 +197,22 @@ def test_attention_module_packed_prefill_then_paged_decode() -> None:
     assert_same_bits(whole[-1:], step, "decode step vs packed")
     assert_same_bits(k[4:6], cache.k[0, 0, 1:3], "keys of positions 4, 5: logical block 1 = block 0, slots 1, 2")
     assert_same_bits(k[6], cache.k[0, 2, 0], "key of position 6: logical block 2 = block 2, slot 0")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_residual_add_is_the_fp32_add_rounded_once(dtype: torch.dtype) -> None:
+    """``residual_add`` (torch's one-kernel half-precision add on CPU and CUDA) has the bits of the
+    spelled-out ``RN(fp32(a) + fp32(b))`` for random bit patterns (NaN, inf, subnormals included),
+    near-cancelling pairs and exact ties."""
+    from rlkernel.model.qwen3 import residual_add
+
+    g = torch.Generator().manual_seed(11)
+    a = torch.randint(-(1 << 15), 1 << 15, (1 << 20,), dtype=torch.int16, generator=g).view(dtype)
+    near = (a.view(torch.int16) + torch.randint(-300, 300, a.shape, dtype=torch.int16, generator=g)).view(dtype)
+    b = torch.randint(-(1 << 15), 1 << 15, a.shape, dtype=torch.int16, generator=g).view(dtype)
+    one = torch.ones_like(a)
+    for other in (b, near, -near, a, one):
+        want = (a.float() + other.float()).to(dtype)
+        got = residual_add(a, other)
+        assert got.dtype == dtype
+        assert torch.equal(want.view(torch.int16), got.view(torch.int16)), f"{dtype}: bits differ"

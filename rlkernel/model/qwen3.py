@@ -42,13 +42,23 @@ __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM", "Qwen3MLP"
 Layer = tuple[torch.Tensor, torch.Tensor]
 
 
+#: Devices whose torch adds bfloat16/float16 tensors in fp32 ("opmath") and rounds once to nearest
+#: even: there ``residual + x`` is one kernel with the spelled-out computation's bits (tests check
+#: every bit pattern class on the CPU and random patterns on CUDA); elsewhere it is spelled out.
+_FP32_OPMATH_DEVICES = ("cpu", "cuda")
+
+
 def residual_add(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``RN_dtype(fp32(residual) + fp32(x))``: one IEEE fp32 addition, one round-to-nearest-even cast.
 
     The residual stream stays in the model dtype, as in Hugging Face (where ``residual + x`` on
-    bfloat16 tensors is this computation). Elementwise, so batch and TP invariant; spelled out
-    in fp32 because no op contract covers addition and an fp32 add is exact IEEE on every device.
+    bfloat16 tensors is this computation). Elementwise, so batch and TP invariant. No op contract
+    covers addition: on CPU and CUDA (and ROCm builds) torch's own half-precision add is this
+    computation in one kernel (its opmath is fp32, its cast RNE, NaN canonical); on other devices
+    it is spelled out as four steps (two exact upcasts, the fp32 add, the cast).
     """
+    if residual.dtype == x.dtype and residual.device.type in _FP32_OPMATH_DEVICES:
+        return residual + x
     return (residual.float() + x.float()).to(x.dtype)
 
 

@@ -5,7 +5,8 @@ seeds), :mod:`~rlkernel.rollout.sequence` (one sample's state and output),
 :mod:`~rlkernel.rollout.block_manager` (KV blocks), :mod:`~rlkernel.rollout.scheduler` (waiting
 and running queues, chunked prefill, preemption), :mod:`~rlkernel.rollout.model_runner` (batch
 tensors, forward, sampling, log-probs), :mod:`~rlkernel.rollout.cuda_graph` (captured decode
-steps; :mod:`~rlkernel.rollout.weight_exponents`, the exponent buffers they read) and :mod:`~rlkernel.rollout.llm_engine` (the loop). See docs/rollout.md.
+steps; :mod:`~rlkernel.rollout.weight_exponents`, the exponent buffers they read) and
+:mod:`~rlkernel.rollout.llm_engine` (the loop). See docs/rollout.md.
 
 Usage::
 
