@@ -76,8 +76,9 @@ def rollout() -> list[dict]:
     """The rollout's linears (M = 256), device time a call under CUDA graphs (weights rotated beyond
     L2), for: the op as launched (``op``), the GEMM kernel on the bf16 weight (digits in registers,
     ``bf16w``) at ``ROLLOUT_TILES_BF16W``, on weight digit planes made once outside the timed calls
-    (``planes``, what a cache of the planes would run) at ``ROLLOUT_TILES_PLANES``, and each of the
-    first tiles without its epilogue (``noepi``: the int64 C stored, to see the epilogue's share).
+    (``planes``, what a cache of the planes would run) at ``ROLLOUT_TILES_PLANES``, on planes made in
+    the call itself (``percall_planes``, 32-row tiles), and each of the first tiles without its
+    epilogue (``noepi``: the int64 C stored, to see the epilogue's share).
     Every variant's bytes are compared with the op's."""
     from rlkernel.backends.triton import linear as L
     from rlkernel.backends.triton._common import OUT_CODE
@@ -105,11 +106,17 @@ def rollout() -> list[dict]:
                      for t in ROLLOUT_TILES_PLANES]
         variants += [("noepi_bf16w", ROLLOUT_TILES_BF16W[0], False, False),
                      ("noepi_planes", ROLLOUT_TILES_PLANES[0], True, False)]
+        # planes made in every call (one digits kernel: the exponents and the three planes), then the
+        # GEMM on them: what the op would run without any cache, in place of its exponent pass and
+        # the bf16-weight GEMM that makes the digits once per 32-row tile of M
+        variants += [(f"percall_planes_{'x'.join(map(str, t[:3]))}_w{t[3]}s{t[4]}", t, "percall", True)
+                     for t in ROLLOUT_TILES_PLANES if t[0] == 32]
         for name, cfg, planes, finish in variants:
             def call(i: int, cfg=cfg, planes=planes, finish=finish) -> torch.Tensor:
                 w = ws[i]
-                L._launch_gemm(xd, ex, w, wds[i] if planes else w, ews[i], None, y if finish else acc, k, cfg,
-                               w_digits=planes, finish=finish, atomic=False,
+                wd, ew = L._digits(w, activation=False) if planes == "percall" else (wds[i] if planes else w, ews[i])
+                L._launch_gemm(xd, ex, w, wd, ew, None, y if finish else acc, k, cfg,
+                               w_digits=bool(planes), finish=finish, atomic=False,
                                out_code=OUT_CODE[out_dtype] if finish else 0)
                 return y
             try:
