@@ -6,7 +6,8 @@ A lent accelerator often limits a command's time, so a ``--full`` run is split b
     python -m rlkernel.conformance.merge --out conformance/results/cuda-sm_90-H200 part0/ part1/ ...
 
 The parts must agree on backend, device, architecture, mode, suite version, manifest and
-commit, and no op may appear in two parts (a case counted twice would inflate the totals);
+commit, and no op's cases (nor its static checks) may appear in two parts (a case counted twice
+would inflate the totals);
 anything else is refused with the field that differs. The merged ``report.json`` keeps every
 part's command (``commands``) and creation time; its ``commit`` is the parts' commit, not the
 commit of the tree that merges them.
@@ -46,18 +47,21 @@ def merge(parts: list[dict[str, Any]]) -> tuple[RunResult, dict[str, Any]]:
             if p.get(key) != first.get(key):
                 raise ValueError(f"merge: part {i} has {key} = {p.get(key)!r} but part 0 has {first.get(key)!r}; "
                                  f"only reports of one run configuration (one commit) can be merged")
-    owner: dict[str, int] = {}
+    owner: dict[tuple[str, bool], int] = {}
     records: list[Record] = []
     versions: dict[str, int] = {}
     missing: set[str] = set()
     not_run = 0
     for i, p in enumerate(parts):
-        ops = {c["op"] for c in p["cases"]}
-        for op in sorted(ops):
-            if op in owner:
-                raise ValueError(f"merge: op {op!r} is in part {owner[op]} and in part {i}; "
-                                 f"merge reports of disjoint --op groups")
-            owner[op] = i
+        # an op's cases come from one part, and its static checks from one part (a case counted
+        # twice would inflate the totals); ``--jobs`` runs the static checks in a part of their own
+        held = {(c["op"], c.get("kind") == "static") for c in p["cases"]}
+        for op_kind in sorted(held):
+            if op_kind in owner:
+                what = "static checks" if op_kind[1] else "cases"
+                raise ValueError(f"merge: the {what} of op {op_kind[0]!r} are in part {owner[op_kind]} and in part "
+                                 f"{i}; merge reports of disjoint --op groups")
+            owner[op_kind] = i
         records += [Record(**c) for c in p["cases"]]
         versions.update(p.get("contract_version") or {})
         missing.update(p.get("missing_contracts") or [])

@@ -117,6 +117,17 @@ def _sigterm_interrupts() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _part_args(args: argparse.Namespace) -> list[str]:
+    """The ``rlkernel conformance`` arguments each ``--jobs`` part repeats (its ops and --out are its own)."""
+    out = ["--full" if args.full else "--quick"]
+    for flag, value in (("--backend", args.backend), ("--device", args.device), ("--manifest", args.manifest)):
+        if value is not None:
+            out += [flag, str(value)]
+    for case in args.case or []:
+        out += ["--case", case]
+    return out + (["--fail-fast"] if args.fail_fast else [])
+
+
 def cmd_conformance(args: argparse.Namespace) -> int:
     """Run the conformance suite, write the reports, print failures and ``N passed, N failed``."""
     from rlkernel.conformance import report, runner
@@ -124,7 +135,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     config = runner.RunConfig(backend=args.backend, device=args.device, ops=args.op, cases=args.case,
                               full=args.full, manifest_path=args.manifest,
-                              fail_fast=args.fail_fast)
+                              fail_fast=args.fail_fast, static=args.static)
+    if args.jobs < 1 or (args.jobs > 1 and args.kit):
+        print(f"rlkernel conformance: --jobs {args.jobs}" + (" with --kit: the kit records the kernels of one "
+              "process; run --kit without --jobs" if args.jobs >= 1 else ": expected a positive number of "
+              "processes"), file=sys.stderr)
+        return EXIT_USAGE
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     primitives = None
     if args.backend != "reference":  # primitives first: one line names what is wrong on this device
@@ -142,7 +158,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         except (RuntimeError, ValueError) as exc:  # a bad RLKERNEL_GENERIC_INT or device string
             print(f"generic integer sums: {exc}", file=sys.stderr)
     try:
-        result = runner.run(config, progress=StreamProgress(sys.stderr))
+        if args.jobs > 1:
+            from rlkernel.conformance.parallel import run_parallel
+
+            result = run_parallel(config, args.jobs, Path(args.out) / "parts", _part_args(args))
+        else:
+            result = runner.run(config, progress=StreamProgress(sys.stderr))
     except (ValueError, RuntimeError, ImportError) as exc:  # bad arguments, unusable backend, broken install
         print(f"rlkernel conformance: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -434,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--kit", action="store_true",
                       help="also write environment.json, kernels.json (code hashes of the kernels that ran) and "
                            "MANIFEST.sha256, and pack OUT.tar.gz to send back (docs/conformance-kit.md)")
+    conf.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="run the contract modules in N processes (groups of about equal case counts) beside "
+                           "the static checks, and merge their reports into one: a first run on a new GPU is "
+                           "mostly kernel compilation, which one process does one kernel at a time (default: 1)")
+    conf.add_argument("--no-static", dest="static", action="store_false",
+                      help="skip the static checks of compiled kernels (the phase a run ends with)")
     conf.set_defaults(func=cmd_conformance, full=False)
 
     static = sub.add_parser("static", help="compile a backend's kernels for its architectures (no GPU) and "

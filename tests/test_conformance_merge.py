@@ -11,8 +11,8 @@ from rlkernel.conformance import merge, report
 from rlkernel.conformance.records import Record, RunResult
 
 
-def _part(tmp_path: Path, name: str, ops: dict[str, list[str]], command: list[str]) -> Path:
-    records = [Record(op=op, case=f"c{i}", kind="golden", status=status)
+def _part(tmp_path: Path, name: str, ops: dict[str, list[str]], command: list[str], kind: str = "golden") -> Path:
+    records = [Record(op=op, case=f"c{i}", kind=kind, status=status)
                for op, statuses in ops.items() for i, status in enumerate(statuses)]
     result = RunResult(backend="cuda", device="cuda", architecture="sm_90", records=records,
                        contract_versions=dict.fromkeys(ops, 2), missing_contracts=[], suite_version=1,
@@ -41,7 +41,7 @@ def test_parts_merge_into_one_report_with_every_command(tmp_path: Path) -> None:
 def test_overlapping_ops_and_other_runs_are_refused(tmp_path: Path) -> None:
     a = _part(tmp_path, "a", {"linear": ["pass"]}, ["x"])
     b = _part(tmp_path, "b", {"linear": ["pass"]}, ["y"])
-    with pytest.raises(ValueError, match="op 'linear' is in part 0 and in part 1"):
+    with pytest.raises(ValueError, match="the cases of op 'linear' are in part 0 and in part 1"):
         merge.merge([merge.load(a), merge.load(b)])
     other = merge.load(b)
     other["commit"] = "0" * 40
@@ -49,3 +49,14 @@ def test_overlapping_ops_and_other_runs_are_refused(tmp_path: Path) -> None:
         merge.merge([merge.load(a), other])
     with pytest.raises(FileNotFoundError, match="no conformance report"):
         merge.load(tmp_path / "missing")
+
+
+def test_static_checks_may_come_from_their_own_part(tmp_path: Path) -> None:
+    """``rlkernel conformance --jobs`` runs the static checks in a part of their own: an op's cases and
+    its static checks may come from two parts, but neither from two."""
+    cases = _part(tmp_path, "cases", {"linear": ["pass"]}, ["x"])
+    static = _part(tmp_path, "static", {"linear": ["pass", "pass"]}, ["y"], kind="static")
+    result, _ = merge.merge([merge.load(cases), merge.load(static)])
+    assert sorted((r.kind, r.case) for r in result.records) == [("golden", "c0"), ("static", "c0"), ("static", "c1")]
+    with pytest.raises(ValueError, match="the static checks of op 'linear' are in part 1 and in part 2"):
+        merge.merge([merge.load(cases), merge.load(static), merge.load(static)])

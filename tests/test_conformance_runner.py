@@ -280,6 +280,14 @@ def test_static_checks_become_records(use_fake: Any, contract: types.ModuleType,
     assert static[1].detail == "found add.ftz.f32 in _k"
 
 
+def test_static_phase_alone(use_fake: Any, contract: types.ModuleType, manifest_path: Path) -> None:
+    """``cases_phase=False`` (what ``--jobs`` runs beside its parts): the static records only."""
+    use_fake("exact_sum", static=[("fake_sum", "sm_90/no-ftz", True, "")])
+    result = run(contract, manifest_path, ops=["fake_sum"], cases_phase=False)
+    assert [(r.kind, r.case) for r in result.records] == [("static", "sm_90/no-ftz")]
+    assert result.ok and result.not_run == 0
+
+
 def test_static_checks_get_the_op_filter(use_fake: Any, contract: types.ModuleType,
                                          manifest_path: Path) -> None:
     """A provider taking ``ops`` is told which ops to compile (a cold compile of every kernel
