@@ -1,0 +1,154 @@
+"""Experiment (issue 12): the digit GEMM as hand-issued Hopper wgmma (``tools/wgmma_digit_gemm.cu``).
+
+Not part of the product. Triton waits for every int8 wgmma dot (int32 accumulators are never
+left in flight by its pipeliner), which holds ``linear``'s twelve digit products near 40 % of the
+int8 peak. The CUDA kernel issues a K step's 48 products as one asynchronous group and loads the
+next stage meanwhile. This tool builds it (CuPy's NVRTC, or a cubin built elsewhere with
+``nvcc -arch=sm_90a -cubin``), checks that its int64 ``C`` equals the Triton kernel's on the same
+digit planes (exact integers: any order gives the same bytes), and times both, next to torch's
+bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and decode) and a
+large square one::
+
+    python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES ...]
+
+Prints one line per shape and configuration; OUT.json has every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("wgmma_digit_gemm.cu")
+#: (M, K, N): Qwen3-0.6B prefill of 16 384 tokens, a decode step of 256 sequences with its LM
+#: head, and a large square product
+SHAPES = [(16384, 1024, 4096), (16384, 2048, 1024), (16384, 1024, 6144), (16384, 3072, 1024),
+          (256, 1024, 4096), (256, 3072, 1024), (256, 1024, 151936), (8192, 4096, 4096)]
+#: (warpgroups, BLOCK_N, stages): BLOCK_M = 64 x warpgroups, 128-deep K steps
+CONFIGS = [(2, 32, 2), (1, 32, 4)]
+
+
+def smem_bytes(wgs: int, bn: int, stages: int) -> int:
+    """Dynamic shared memory of a configuration: four x tiles and three weight tiles of 128-byte
+    rows a stage, plus 1 KiB to align the tiles to the swizzle's 1024 bytes."""
+    return stages * (4 * 64 * wgs * 128 + 3 * bn * 128) + 1024
+
+
+def build(wgs: int, bn: int, stages: int, cubin_dir: Path | None):
+    """The ``digit_gemm_s8`` kernel of one configuration, as a CuPy RawKernel."""
+    import cupy as cp
+
+    defines = (f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}")
+    cubin = cubin_dir / f"wgmma_digit_gemm_w{wgs}_n{bn}_s{stages}.cubin" if cubin_dir else None
+    if cubin is not None and cubin.is_file():
+        module = cp.RawModule(path=str(cubin))
+    else:
+        module = cp.RawModule(code=SOURCE.read_text(), options=("--gpu-architecture=sm_90a", "--std=c++17",
+                                                                *defines))
+    fn = module.get_function("digit_gemm_s8")
+    fn.max_dynamic_shared_size_bytes = smem_bytes(wgs, bn, stages)
+    return fn
+
+
+def launch(fn, cfg: tuple[int, int, int], xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
+    import cupy as cp
+
+    wgs, bn, stages = cfg
+    _, m, k = xd.shape
+    n = wd.shape[1]
+    with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        fn((n // bn, m // (64 * wgs), 1), (128 * wgs, 1, 1),
+           (cp.uint64(xd.data_ptr()), cp.uint64(wd.data_ptr()), cp.uint64(out.data_ptr()),
+            cp.int32(m), cp.int32(n), cp.int32(k)), shared_mem=smem_bytes(wgs, bn, stages))
+
+
+def device_ms(fn, reps: int = 10) -> float:
+    """Median device ms of ``fn()`` over ``reps`` timed calls after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
+    """One shape: the Triton kernel's int64 C on the op's digit planes, each CUDA configuration's C
+    (poisoned output, compared byte for byte) and the device times, next to torch's bf16 matmul."""
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton.targets import CUDA
+
+    x = torch.randn(m, k, generator=g, device="cuda")
+    x[:, :4] *= 300.0  # outlier channels, as real activations have
+    x = x.to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    xd, ex = L._digits(x)
+    wd, ew = L._digits(w, activation=False)
+    ref = torch.empty(m, n, dtype=torch.int64, device="cuda")
+    tile = CUDA.linear_prefill
+
+    def triton_c() -> None:
+        L._launch_gemm(xd, ex, w, wd, ew, None, ref, k, tile, w_digits=True, finish=False, atomic=False, out_code=0)
+
+    triton_c()
+    row = {"m": m, "k": k, "n": n, "int8_products_T": 12 * 2 * m * n * k / 1e12,
+           "native_bf16_ms": device_ms(lambda: torch.nn.functional.linear(x, w)),
+           "triton_int64_ms": device_ms(triton_c), "triton_tile": tile}
+    for cfg, fn in kernels.items():
+        name = "w{}_n{}_s{}".format(*cfg)
+        if m % (64 * cfg[0]) or n % cfg[1] or k % 128:
+            row[name + "_skipped"] = "shape not a multiple of the tile"
+            continue
+        out = torch.full((m, n), -1, dtype=torch.int64, device="cuda")  # poisoned: every element must be written
+        try:
+            launch(fn, cfg, xd, wd, out)
+            torch.cuda.synchronize()
+            row[name + "_equal"] = bool(torch.equal(out, ref))
+            if not row[name + "_equal"]:
+                bad = (out != ref).nonzero()
+                row[name + "_first_diff"] = [int(v) for v in bad[0]]
+                row[name + "_diff_count"] = int(len(bad))
+            row[name + "_ms"] = device_ms(lambda fn=fn, cfg=cfg, out=out: launch(fn, cfg, xd, wd, out))
+        except Exception as e:  # recorded: the next configuration still runs
+            row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--cubin", type=Path, help="folder of prebuilt cubins (wgmma_digit_gemm_w<WGS>_n<BN>_s<S>.cubin)")
+    p.add_argument("--config", action="append", help=f"WGS,BN,STAGES (repeatable; default: {CONFIGS})")
+    args = p.parse_args(argv)
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.config] if args.config else CONFIGS
+    kernels, rows = {}, []
+    for cfg in configs:
+        try:
+            kernels[cfg] = build(*cfg, args.cubin)
+        except Exception as e:  # recorded: the other configurations still run
+            rows.append({"config": cfg, "build_error": f"{type(e).__name__}: {str(e)[-1500:]}"})
+            print(f"config {cfg}: build failed: {type(e).__name__}: {str(e)[-300:]}", flush=True)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m, k, n in SHAPES:
+        row = measure(m, k, n, kernels, g)
+        rows.append(row)
+        cells = " ".join(f"{k_}={v:.4g}" if isinstance(v, float) else f"{k_}={v}" for k_, v in row.items()
+                         if k_.endswith(("_ms", "_equal", "_error")))
+        print(f"M={m} K={k} N={n}: {cells}", flush=True)
+        torch.cuda.empty_cache()
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                        "pid": os.getpid(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+// Experiment (issue 12), not part of the product: the exact digit GEMM of `linear` as Hopper
+// wgmma with its int32 accumulators kept in flight.
+//
+// Triton waits for every int8 wgmma dot (its WGMMA pipeliner makes a dot async only with an fp32
+// accumulator), so the twelve digit products of a K step run one after another. Here the twelve
+// products of a whole 128-deep K step (48 wgmma.m64n64k32.s32.s8.s8) are issued as one group,
+// and the next stage's tiles load while they run (wgmma.wait_group 1).
+//
+// C[m, n] = sum_k X[m, k] * Wt[n, k] exactly (int64), from the balanced base-128 digit planes of
+// `backends/triton/linear.py` (`_digits`): x planes int8 [4, M, K], weight planes int8 [3, N, K],
+// both K contiguous (K-major, as int8 wgmma requires). Level l = sum over a + b = l of
+// X_a @ W_b (int32: |level| <= 3 * 64 * 64 * K < 2**31 for K < 174763); C = sum_l level_l << 7l.
+// Output: int64 C [M, N] row-major, to compare with the Triton kernel's partial (any order gives
+// the same integers).
+//
+// Shapes: M % BM == 0, N % BN == 0, K % 128 == 0 (the tool pads nothing; it picks such shapes).
+// Build: nvcc -arch=sm_90a -cubin (checked here) or NVRTC with --gpu-architecture=sm_90a (CuPy).
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#ifndef WGS
+#define WGS 2  // consumer warpgroups; BLOCK_M = 64 * WGS
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef BN
+#define BN 32  // 32: 16 int32 a level a thread (96 for the six levels); 64: 32 (192, near the 255 limit)
+#endif
+#define BM (64 * WGS)
+#define NREG (BN / 2)  // accumulator registers a level a thread (wgmma m64nBN: 64 * BN / 128)
+#define BK 128  // int8 elements of K a stage: one 128-byte swizzle row
+#define XD 4
+#define WD 3
+#define A_TILE (BM * BK)
+#define B_TILE (BN * BK)
+#define STAGE_BYTES (XD * A_TILE + WD * B_TILE)
+#define THREADS (128 * WGS)
+
+static __device__ __forceinline__ u32 smem_addr(const void* p) {
+    return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+static __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// K-major tile of 128-byte rows, 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)),
+// 1024-byte aligned: start address, LBO 1 (unused), SBO 1024 (8 rows), layout type 1 (SW128).
+static __device__ __forceinline__ u64 make_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// d[64 x BN] += A[64 x 32] @ B[BN x 32]^T (both K-major in shared memory), int8 in, int32 accumulate
+#if BN == 32
+static __device__ __forceinline__ void wgmma_s8(int (&d)[NREG], u64 da, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+        : "l"(da), "l"(db), "r"(1));
+}
+#elif BN == 64
+static __device__ __forceinline__ void wgmma_s8(int (&d)[NREG], u64 da, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(da), "l"(db), "r"(1));
+}
+#else
+#error "BN must be 32 or 64"
+#endif
+
+// pins the accumulators in their registers across the asynchronous products (no copies the
+// compiler could schedule while a wgmma group that writes them is in flight)
+static __device__ __forceinline__ void fence_acc(int (&acc)[6][NREG]) {
+#pragma unroll
+    for (int l = 0; l < 6; ++l)
+#pragma unroll
+        for (int i = 0; i < NREG; ++i) asm volatile("" : "+r"(acc[l][i])::"memory");
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict__ wd, i64* __restrict__ out,
+              int M, int N, int K) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // 1024-byte alignment of every tile (the swizzle pattern repeats every 8 rows of 128 bytes)
+    unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
+    const int tid = threadIdx.x;
+    const int wg = tid / 128;
+    const int m0 = blockIdx.y * BM;
+    const int n0 = blockIdx.x * BN;
+    const long long plane_x = (long long)M * K, plane_w = (long long)N * K;
+    const int ksteps = K / BK;
+
+    int acc[6][NREG];
+#pragma unroll
+    for (int l = 0; l < 6; ++l)
+#pragma unroll
+        for (int i = 0; i < NREG; ++i) acc[l][i] = 0;
+
+    // one stage: 4 x tiles of BM rows and 3 weight tiles of BN rows, 8 chunks of 16 bytes a row
+    auto load_stage = [&](int stage, int kt) {
+        unsigned char* base = smem + stage * STAGE_BYTES;
+        const int k0 = kt * BK;
+        constexpr int A_CHUNKS = XD * BM * 8, B_CHUNKS = WD * BN * 8;
+#pragma unroll 1
+        for (int q = tid; q < A_CHUNKS; q += THREADS) {
+            const int d = q / (BM * 8), r = (q / 8) % BM, c = q % 8;
+            const signed char* src = xd + d * plane_x + (long long)(m0 + r) * K + k0 + c * 16;
+            cp_async16(smem_addr(base + d * A_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src);
+        }
+#pragma unroll 1
+        for (int q = tid; q < B_CHUNKS; q += THREADS) {
+            const int d = q / (BN * 8), r = (q / 8) % BN, c = q % 8;
+            const signed char* src = wd + d * plane_w + (long long)(n0 + r) * K + k0 + c * 16;
+            cp_async16(smem_addr(base + XD * A_TILE + d * B_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ksteps) load_stage(s, s);
+        else asm volatile("cp.async.commit_group;\n" ::: "memory");  // keep the group count uniform
+    }
+
+    for (int kt = 0; kt < ksteps; ++kt) {
+        const int stage = kt % STAGES;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
+        // this thread's copies, made through the generic proxy, become visible to wgmma's async
+        // proxy; the barrier then orders every thread's copies before the products
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const u32 a_base = smem_addr(smem + stage * STAGE_BYTES) + wg * 64 * 128;
+        const u32 b_base = smem_addr(smem + stage * STAGE_BYTES + XD * A_TILE);
+        fence_acc(acc);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 32; ++kk) {  // 32 bytes of K an instruction: +2 in 16-byte units
+            u64 a[XD], b[WD];
+#pragma unroll
+            for (int d = 0; d < XD; ++d) a[d] = make_desc(a_base + d * A_TILE) + 2 * kk;
+#pragma unroll
+            for (int d = 0; d < WD; ++d) b[d] = make_desc(b_base + d * B_TILE) + 2 * kk;
+            wgmma_s8(acc[0], a[0], b[0]);
+            wgmma_s8(acc[1], a[0], b[1]);
+            wgmma_s8(acc[2], a[0], b[2]);
+            wgmma_s8(acc[3], a[1], b[2]);
+            wgmma_s8(acc[4], a[2], b[2]);
+            wgmma_s8(acc[5], a[3], b[2]);
+            wgmma_s8(acc[1], a[1], b[0]);
+            wgmma_s8(acc[2], a[1], b[1]);
+            wgmma_s8(acc[3], a[2], b[1]);
+            wgmma_s8(acc[4], a[3], b[1]);
+            wgmma_s8(acc[2], a[2], b[0]);
+            wgmma_s8(acc[3], a[3], b[0]);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        fence_acc(acc);
+        // the previous step's products are done: its stage may be refilled while this one runs
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        __syncthreads();
+        const int next = kt + STAGES - 1;
+        if (next < ksteps) load_stage(next % STAGES, next);
+        else asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_acc(acc);
+
+    // accumulator fragment of wgmma m64nN: warp w of the warpgroup holds rows 16w + lane/4 (+8),
+    // columns 8j + 2(lane % 4) (+1) in registers 4j .. 4j + 3, j < N / 8
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const int row = m0 + wg * 64 + 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            i64 c0 = 0, c1 = 0;
+#pragma unroll
+            for (int l = 0; l < 6; ++l) {
+                c0 += (i64)acc[l][4 * j + 2 * h] * (1LL << (7 * l));
+                c1 += (i64)acc[l][4 * j + 2 * h + 1] * (1LL << (7 * l));
+            }
+            longlong2 v;
+            v.x = c0;
+            v.y = c1;
+            *reinterpret_cast<longlong2*>(out + (long long)(row + 8 * h) * N + col) = v;
+        }
+    }
+}
+
