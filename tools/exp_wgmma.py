@@ -3,8 +3,9 @@
 Not part of the product. Triton waits for every int8 wgmma dot (int32 accumulators are never
 left in flight by its pipeliner), which holds ``linear``'s twelve digit products near 40 % of the
 int8 peak. The CUDA kernel issues a K step's 48 products as one asynchronous group and loads the
-next stage meanwhile. This tool builds it (CuPy's NVRTC, or a cubin built elsewhere with
-``nvcc -arch=sm_90a -cubin``), checks that its int64 ``C`` equals the Triton kernel's on the same
+next stage meanwhile. This tool builds it (NVRTC from the CUDA wheels beside torch, or a cubin
+built elsewhere with ``nvcc -arch=sm_90a -cubin``), loads and launches it through the driver API
+(ctypes; torch's context and stream), checks that its int64 ``C`` equals the Triton kernel's on the same
 digit planes (exact integers: any order gives the same bytes), and times both, next to torch's
 bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and decode) and a
 large square one::
@@ -17,6 +18,8 @@ Prints one line per shape and configuration; OUT.json has every figure.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import statistics
@@ -39,32 +42,90 @@ def smem_bytes(wgs: int, bn: int, stages: int) -> int:
     return stages * (4 * 64 * wgs * 128 + 3 * bn * 128) + 1024
 
 
-def build(wgs: int, bn: int, stages: int, cubin_dir: Path | None):
-    """The ``digit_gemm_s8`` kernel of one configuration, as a CuPy RawKernel."""
-    import cupy as cp
+def _nvrtc() -> ctypes.CDLL:
+    """libnvrtc from the CUDA wheels next to torch (nvidia/*/lib), with its builtins preloaded."""
+    import glob
+    import site
 
-    defines = (f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}")
+    roots = [*site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent)]
+    for root in roots:
+        libs = sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc.so*")))
+        builtins = sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc-builtins.so*")))
+        if libs:
+            for b in builtins:  # libnvrtc dlopens its builtins by name: load them first, globally
+                ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+            return ctypes.CDLL([lib for lib in libs if ".alt." not in lib][0])
+    found = ctypes.util.find_library("nvrtc")
+    if found is None:
+        raise RuntimeError("no libnvrtc found (nvidia/*/lib under site-packages, or the loader's path); "
+                           "pass --cubin DIR with cubins built by nvcc -arch=sm_90a -cubin")
+    return ctypes.CDLL(found)
+
+
+def nvrtc_cubin(source: str, options: list[str]) -> bytes:
+    """``source`` compiled by NVRTC to a cubin (``options`` must name an sm_ architecture)."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"wgmma_digit_gemm.cu", 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    status = lib.nvrtcCompileProgram(prog, len(options), opts)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if status:
+        raise RuntimeError(f"NVRTC status {status}: {log.value.decode(errors='replace')[-2000:]}")
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw
+
+
+class Kernel:
+    """``digit_gemm_s8`` of one configuration, loaded and launched through the CUDA driver API
+    (ctypes; torch's context and current stream)."""
+
+    def __init__(self, cubin: bytes, cfg: tuple[int, int, int]) -> None:
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the primary context is current on this thread
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.cfg = cfg
+        self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(self.cuda.cuModuleLoadData(ctypes.byref(self.module), cubin), "cuModuleLoadData")
+        self._check(self.cuda.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"digit_gemm_s8"),
+                    "cuModuleGetFunction")
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+        self._check(self.cuda.cuFuncSetAttribute(self.fn, 8, smem_bytes(*cfg)), "cuFuncSetAttribute")
+
+    def _check(self, status: int, what: str) -> None:
+        if status:
+            msg = ctypes.c_char_p()
+            self.cuda.cuGetErrorString(status, ctypes.byref(msg))
+            raise RuntimeError(f"{what}: CUDA error {status} ({(msg.value or b'').decode()})")
+
+    def __call__(self, xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
+        wgs, bn, _ = self.cfg
+        _, m, k = xd.shape
+        n = wd.shape[1]
+        values = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                  ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.cuda.cuLaunchKernel(self.fn, n // bn, m // (64 * wgs), 1, 128 * wgs, 1, 1,
+                                             smem_bytes(*self.cfg), stream, params, None), "cuLaunchKernel")
+
+
+def build(wgs: int, bn: int, stages: int, cubin_dir: Path | None) -> Kernel:
+    """The kernel of one configuration: a prebuilt cubin from ``cubin_dir`` if there is one, else NVRTC."""
     cubin = cubin_dir / f"wgmma_digit_gemm_w{wgs}_n{bn}_s{stages}.cubin" if cubin_dir else None
     if cubin is not None and cubin.is_file():
-        module = cp.RawModule(path=str(cubin))
+        image = cubin.read_bytes()
     else:
-        module = cp.RawModule(code=SOURCE.read_text(), options=("--gpu-architecture=sm_90a", "--std=c++17",
-                                                                *defines))
-    fn = module.get_function("digit_gemm_s8")
-    fn.max_dynamic_shared_size_bytes = smem_bytes(wgs, bn, stages)
-    return fn
-
-
-def launch(fn, cfg: tuple[int, int, int], xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
-    import cupy as cp
-
-    wgs, bn, stages = cfg
-    _, m, k = xd.shape
-    n = wd.shape[1]
-    with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        fn((n // bn, m // (64 * wgs), 1), (128 * wgs, 1, 1),
-           (cp.uint64(xd.data_ptr()), cp.uint64(wd.data_ptr()), cp.uint64(out.data_ptr()),
-            cp.int32(m), cp.int32(n), cp.int32(k)), shared_mem=smem_bytes(wgs, bn, stages))
+        image = nvrtc_cubin(SOURCE.read_text(), ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}",
+                                                 f"-DBN={bn}", f"-DSTAGES={stages}"])
+    return Kernel(image, (wgs, bn, stages))
 
 
 def device_ms(fn, reps: int = 10) -> float:
@@ -111,14 +172,14 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
             continue
         out = torch.full((m, n), -1, dtype=torch.int64, device="cuda")  # poisoned: every element must be written
         try:
-            launch(fn, cfg, xd, wd, out)
+            fn(xd, wd, out)
             torch.cuda.synchronize()
             row[name + "_equal"] = bool(torch.equal(out, ref))
             if not row[name + "_equal"]:
                 bad = (out != ref).nonzero()
                 row[name + "_first_diff"] = [int(v) for v in bad[0]]
                 row[name + "_diff_count"] = int(len(bad))
-            row[name + "_ms"] = device_ms(lambda fn=fn, cfg=cfg, out=out: launch(fn, cfg, xd, wd, out))
+            row[name + "_ms"] = device_ms(lambda fn=fn, out=out: fn(xd, wd, out))
         except Exception as e:  # recorded: the next configuration still runs
             row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
