@@ -136,10 +136,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     config = runner.RunConfig(backend=args.backend, device=args.device, ops=args.op, cases=args.case,
                               full=args.full, manifest_path=args.manifest,
                               fail_fast=args.fail_fast, static=args.static)
-    if args.jobs < 1 or (args.jobs > 1 and args.kit):
-        print(f"rlkernel conformance: --jobs {args.jobs}" + (" with --kit: the kit records the kernels of one "
-              "process; run --kit without --jobs" if args.jobs >= 1 else ": expected a positive number of "
-              "processes"), file=sys.stderr)
+    if args.jobs < 1:
+        print(f"rlkernel conformance: --jobs {args.jobs}: expected a positive number of processes", file=sys.stderr)
+        return EXIT_USAGE
+    if args.jobs > 1 and args.kit:
+        print(f"rlkernel conformance: --jobs {args.jobs} with --kit: the kit records the kernels that ran in one "
+              f"process; run --kit without --jobs", file=sys.stderr)
         return EXIT_USAGE
     _sigterm_interrupts()  # a time limit (timeout, a batch system) still gets a report of what ran
     primitives = None
