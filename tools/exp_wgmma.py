@@ -10,7 +10,7 @@ digit planes (exact integers: any order gives the same bytes), and times both, n
 bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and decode) and a
 large square one::
 
-    python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES ...]
+    python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES,SPLIT ...]
 
 Prints one line per shape and configuration; OUT.json has every figure.
 """
@@ -32,14 +32,20 @@ SOURCE = Path(__file__).with_name("wgmma_digit_gemm.cu")
 #: head, and a large square product
 SHAPES = [(16384, 1024, 4096), (16384, 2048, 1024), (16384, 1024, 6144), (16384, 3072, 1024),
           (256, 1024, 4096), (256, 3072, 1024), (256, 1024, 151936), (8192, 4096, 4096)]
-#: (warpgroups, BLOCK_N, stages): BLOCK_M = 64 x warpgroups, 128-deep K steps
-CONFIGS = [(2, 32, 2), (1, 32, 4)]
+#: (warpgroups, BLOCK_N, stages, level split), 128-deep K steps: BLOCK_M = 64 x warpgroups, or 64
+#: with the level split (two warpgroups on the same rows, levels 0-2 and 3-5: half the accumulators
+#: a thread, so BLOCK_N 64 fits without spilling)
+CONFIGS = [(2, 32, 2, 0), (1, 32, 4, 0), (2, 64, 3, 1), (2, 64, 4, 1)]
 
 
-def smem_bytes(wgs: int, bn: int, stages: int) -> int:
+def block_m(wgs: int, split: int) -> int:
+    return 64 if split else 64 * wgs
+
+
+def smem_bytes(wgs: int, bn: int, stages: int, split: int) -> int:
     """Dynamic shared memory of a configuration: four x tiles and three weight tiles of 128-byte
     rows a stage, plus 1 KiB to align the tiles to the swizzle's 1024 bytes."""
-    return stages * (4 * 64 * wgs * 128 + 3 * bn * 128) + 1024
+    return stages * (4 * block_m(wgs, split) * 128 + 3 * bn * 128) + 1024
 
 
 def _nvrtc() -> ctypes.CDLL:
@@ -87,7 +93,7 @@ class Kernel:
     """``digit_gemm_s8`` of one configuration, loaded and launched through the CUDA driver API
     (ctypes; torch's context and current stream)."""
 
-    def __init__(self, cubin: bytes, cfg: tuple[int, int, int]) -> None:
+    def __init__(self, cubin: bytes, cfg: tuple[int, int, int, int]) -> None:
         torch.cuda.init()
         torch.empty(1, device="cuda")  # the primary context is current on this thread
         self.cuda = ctypes.CDLL("libcuda.so.1")
@@ -106,26 +112,26 @@ class Kernel:
             raise RuntimeError(f"{what}: CUDA error {status} ({(msg.value or b'').decode()})")
 
     def __call__(self, xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
-        wgs, bn, _ = self.cfg
+        wgs, bn, _, split = self.cfg
         _, m, k = xd.shape
         n = wd.shape[1]
         values = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), ctypes.c_void_p(out.data_ptr()),
                   ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cuda.cuLaunchKernel(self.fn, n // bn, m // (64 * wgs), 1, 128 * wgs, 1, 1,
+        self._check(self.cuda.cuLaunchKernel(self.fn, n // bn, m // block_m(wgs, split), 1, 128 * wgs, 1, 1,
                                              smem_bytes(*self.cfg), stream, params, None), "cuLaunchKernel")
 
 
-def build(wgs: int, bn: int, stages: int, cubin_dir: Path | None) -> Kernel:
+def build(wgs: int, bn: int, stages: int, split: int, cubin_dir: Path | None) -> Kernel:
     """The kernel of one configuration: a prebuilt cubin from ``cubin_dir`` if there is one, else NVRTC."""
-    cubin = cubin_dir / f"wgmma_digit_gemm_w{wgs}_n{bn}_s{stages}.cubin" if cubin_dir else None
+    cubin = cubin_dir / f"wgmma_digit_gemm_w{wgs}_n{bn}_s{stages}_l{split}.cubin" if cubin_dir else None
     if cubin is not None and cubin.is_file():
         image = cubin.read_bytes()
     else:
         image = nvrtc_cubin(SOURCE.read_text(), ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}",
-                                                 f"-DBN={bn}", f"-DSTAGES={stages}"])
-    return Kernel(image, (wgs, bn, stages))
+                                                 f"-DBN={bn}", f"-DSTAGES={stages}", f"-DLEVEL_SPLIT={split}"])
+    return Kernel(image, (wgs, bn, stages, split))
 
 
 def device_ms(fn, reps: int = 10) -> float:
@@ -166,8 +172,8 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
            "native_bf16_ms": device_ms(lambda: torch.nn.functional.linear(x, w)),
            "triton_int64_ms": device_ms(triton_c), "triton_tile": tile}
     for cfg, fn in kernels.items():
-        name = "w{}_n{}_s{}".format(*cfg)
-        if m % (64 * cfg[0]) or n % cfg[1] or k % 128:
+        name = "w{}_n{}_s{}_l{}".format(*cfg)
+        if m % block_m(cfg[0], cfg[3]) or n % cfg[1] or k % 128:
             row[name + "_skipped"] = "shape not a multiple of the tile"
             continue
         out = torch.full((m, n), -1, dtype=torch.int64, device="cuda")  # poisoned: every element must be written
@@ -188,8 +194,9 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--cubin", type=Path, help="folder of prebuilt cubins (wgmma_digit_gemm_w<WGS>_n<BN>_s<S>.cubin)")
-    p.add_argument("--config", action="append", help=f"WGS,BN,STAGES (repeatable; default: {CONFIGS})")
+    p.add_argument("--cubin", type=Path,
+                   help="folder of prebuilt cubins (wgmma_digit_gemm_w<WGS>_n<BN>_s<STAGES>_l<SPLIT>.cubin)")
+    p.add_argument("--config", action="append", help=f"WGS,BN,STAGES,SPLIT (repeatable; default: {CONFIGS})")
     args = p.parse_args(argv)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.config] if args.config else CONFIGS
     kernels, rows = {}, []

@@ -29,7 +29,19 @@ typedef unsigned int u32;
 #ifndef BN
 #define BN 32  // 32: 16 int32 a level a thread (96 for the six levels); 64: 32 (192, near the 255 limit)
 #endif
+#ifndef LEVEL_SPLIT
+#define LEVEL_SPLIT 0  // 1 (with WGS 2): both warpgroups on the same 64 rows, levels 0-2 and 3-5
+#endif
+#if LEVEL_SPLIT
+#if WGS != 2
+#error "LEVEL_SPLIT needs WGS 2"
+#endif
+#define BM 64
+#define NLEV 3  // levels a warpgroup holds: 0-2 (6 products) or 3-5 (6 products)
+#else
 #define BM (64 * WGS)
+#define NLEV 6
+#endif
 #define NREG (BN / 2)  // accumulator registers a level a thread (wgmma m64nBN: 64 * BN / 128)
 #define BK 128  // int8 elements of K a stage: one 128-byte swizzle row
 #define XD 4
@@ -83,9 +95,9 @@ static __device__ __forceinline__ void wgmma_s8(int (&d)[NREG], u64 da, u64 db) 
 
 // pins the accumulators in their registers across the asynchronous products (no copies the
 // compiler could schedule while a wgmma group that writes them is in flight)
-static __device__ __forceinline__ void fence_acc(int (&acc)[6][NREG]) {
+static __device__ __forceinline__ void fence_acc(int (&acc)[NLEV][NREG]) {
 #pragma unroll
-    for (int l = 0; l < 6; ++l)
+    for (int l = 0; l < NLEV; ++l)
 #pragma unroll
         for (int i = 0; i < NREG; ++i) asm volatile("" : "+r"(acc[l][i])::"memory");
 }
@@ -97,15 +109,16 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
     // 1024-byte alignment of every tile (the swizzle pattern repeats every 8 rows of 128 bytes)
     unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
     const int tid = threadIdx.x;
-    const int wg = tid / 128;
+    // warp-uniform for the compiler (a lane-0 shuffle), so per-warpgroup descriptors stay in uniform registers
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int m0 = blockIdx.y * BM;
     const int n0 = blockIdx.x * BN;
     const long long plane_x = (long long)M * K, plane_w = (long long)N * K;
     const int ksteps = K / BK;
 
-    int acc[6][NREG];
+    int acc[NLEV][NREG];
 #pragma unroll
-    for (int l = 0; l < 6; ++l)
+    for (int l = 0; l < NLEV; ++l)
 #pragma unroll
         for (int i = 0; i < NREG; ++i) acc[l][i] = 0;
 
@@ -142,7 +155,7 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
         // proxy; the barrier then orders every thread's copies before the products
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        const u32 a_base = smem_addr(smem + stage * STAGE_BYTES) + wg * 64 * 128;
+        const u32 a_base = smem_addr(smem + stage * STAGE_BYTES) + (LEVEL_SPLIT ? 0 : wg * 64 * 128);
         const u32 b_base = smem_addr(smem + stage * STAGE_BYTES + XD * A_TILE);
         fence_acc(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -153,6 +166,17 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
             for (int d = 0; d < XD; ++d) a[d] = make_desc(a_base + d * A_TILE) + 2 * kk;
 #pragma unroll
             for (int d = 0; d < WD; ++d) b[d] = make_desc(b_base + d * B_TILE) + 2 * kk;
+#if LEVEL_SPLIT
+            // the same six slots in both warpgroups (no divergent branch around wgmma): warpgroup 0
+            // holds levels 0, 1, 2 in acc[0..2], warpgroup 1 levels 5, 4, 3 (1, 2, 3 products each)
+            const bool hi = wg != 0;
+            wgmma_s8(acc[0], hi ? a[3] : a[0], hi ? b[2] : b[0]);
+            wgmma_s8(acc[1], hi ? a[2] : a[0], hi ? b[2] : b[1]);
+            wgmma_s8(acc[1], hi ? a[3] : a[1], hi ? b[1] : b[0]);
+            wgmma_s8(acc[2], hi ? a[1] : a[0], hi ? b[2] : b[2]);
+            wgmma_s8(acc[2], hi ? a[2] : a[1], hi ? b[1] : b[1]);
+            wgmma_s8(acc[2], hi ? a[3] : a[2], hi ? b[0] : b[0]);
+#else
             wgmma_s8(acc[0], a[0], b[0]);
             wgmma_s8(acc[1], a[0], b[1]);
             wgmma_s8(acc[2], a[0], b[2]);
@@ -165,6 +189,7 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
             wgmma_s8(acc[4], a[3], b[1]);
             wgmma_s8(acc[2], a[2], b[0]);
             wgmma_s8(acc[3], a[3], b[0]);
+#endif
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         fence_acc(acc);
@@ -181,21 +206,41 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
     // accumulator fragment of wgmma m64nN: warp w of the warpgroup holds rows 16w + lane/4 (+8),
     // columns 8j + 2(lane % 4) (+1) in registers 4j .. 4j + 3, j < N / 8
     const int warp = (tid % 128) / 32, lane = tid % 32;
-    const int row = m0 + wg * 64 + 16 * warp + lane / 4;
+    const int row = m0 + (LEVEL_SPLIT ? 0 : wg * 64) + 16 * warp + lane / 4;
+#if LEVEL_SPLIT
+    // the levels 3-5 warpgroup hands its part of C to the levels 0-2 one through shared memory
+    // (the same fragment position at the same thread index of the other warpgroup)
+    const bool hi_levels = wg != 0;  // acc[l] holds level 5 - l
+    i64* part = reinterpret_cast<i64*>(smem);
+    __syncthreads();  // every stage's products are complete in both warpgroups
+#else
+    const bool hi_levels = false;
+#endif
+    i64 c[NREG];
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) {
+        c[i] = 0;
+#pragma unroll
+        for (int l = 0; l < NLEV; ++l) c[i] += (i64)acc[l][i] * (1LL << (7 * (hi_levels ? 5 - l : l)));
+    }
+#if LEVEL_SPLIT
+    if (wg == 1) {
+#pragma unroll
+        for (int i = 0; i < NREG; ++i) part[i * 128 + (tid % 128)] = c[i];
+    }
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) c[i] += part[i * 128 + tid];
+#endif
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            i64 c0 = 0, c1 = 0;
-#pragma unroll
-            for (int l = 0; l < 6; ++l) {
-                c0 += (i64)acc[l][4 * j + 2 * h] * (1LL << (7 * l));
-                c1 += (i64)acc[l][4 * j + 2 * h + 1] * (1LL << (7 * l));
-            }
             longlong2 v;
-            v.x = c0;
-            v.y = c1;
+            v.x = c[4 * j + 2 * h];
+            v.y = c[4 * j + 2 * h + 1];
             *reinterpret_cast<longlong2*>(out + (long long)(row + 8 * h) * N + col) = v;
         }
     }
