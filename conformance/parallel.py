@@ -28,8 +28,9 @@ from rlkernel.contracts import load_contracts
 __all__ = ["case_counts", "plan_groups", "run_parallel"]
 
 
-def case_counts(ops: list[str] | None, full: bool) -> dict[str, int]:
-    """Cases per contract module (bit cases + invariance cases; 1 for a module that fails to load).
+def case_counts(ops: list[str] | None, full: bool) -> tuple[dict[str, int], list[str]]:
+    """Cases per contract module (bit cases + invariance cases; 1 for a module that fails to load),
+    and the contract modules not written yet (a single run reports them; the parts run named ones).
 
     Raises
     ------
@@ -46,7 +47,7 @@ def case_counts(ops: list[str] | None, full: bool) -> dict[str, int]:
             counts[name] = len(bit_cases(module, full=full)) + len(invariance_cases(module, full=full))
         except Exception:  # the part reports the module's error record
             counts[name] = 1
-    return counts
+    return counts, missing
 
 
 def plan_groups(weights: dict[str, int], jobs: int) -> list[list[str]]:
@@ -92,7 +93,7 @@ def run_parallel(config: runner.RunConfig, jobs: int, parts_dir: Path, child_arg
     RuntimeError
         A part exited with a usage error or crashed (its log's last lines are in the message).
     """
-    weights = case_counts(config.ops, config.full)
+    weights, missing = case_counts(config.ops, config.full)
     groups = plan_groups(weights, jobs)
     parts_dir.mkdir(parents=True, exist_ok=True)
     procs: list[tuple[subprocess.Popen[bytes], Path, list[str], float]] = []
@@ -132,8 +133,7 @@ def run_parallel(config: runner.RunConfig, jobs: int, parts_dir: Path, child_arg
         raise RuntimeError("rlkernel conformance --jobs: interrupted before any part wrote a report")
     result, _ = merge.merge(docs)
     result.not_run += not_run
-    # the parts ran named modules only: the modules not written yet are this process's to report
-    result.missing_contracts = sorted(set(result.missing_contracts) | set(load_contracts(config.ops, errors={})[1]))
+    result.missing_contracts = sorted(set(result.missing_contracts) | set(missing))
     return result
 
 

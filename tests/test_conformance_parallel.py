@@ -25,8 +25,8 @@ def test_groups_are_balanced_by_case_count() -> None:
 
 
 def test_case_counts_refuse_unknown_modules() -> None:
-    counts = case_counts(["rms_norm", "softmax"], full=False)
-    assert set(counts) == {"rms_norm", "softmax"} and min(counts.values()) > 1
+    counts, missing = case_counts(["rms_norm", "softmax"], full=False)
+    assert set(counts) == {"rms_norm", "softmax"} and min(counts.values()) > 1 and missing == []
     with pytest.raises(ValueError, match="unknown contract module"):
         case_counts(["no_such_op"], full=False)
 

@@ -2,7 +2,7 @@
 
 Not part of the product. Triton waits for every int8 wgmma dot (int32 accumulators are never
 left in flight by its pipeliner), which holds ``linear``'s twelve digit products near 40 % of the
-int8 peak. The CUDA kernel issues a K step's 48 products as one asynchronous group and loads the
+int8 peak. The CUDA kernel issues a K step's products (twelve per 32 of K) as one asynchronous group and loads the
 next stage meanwhile. This tool builds it (NVRTC from the CUDA wheels beside torch, or a cubin
 built elsewhere with ``nvcc -arch=sm_90a -cubin``), loads and launches it through the driver API
 (ctypes; torch's context and stream), checks that its int64 ``C`` equals the Triton kernel's on the same

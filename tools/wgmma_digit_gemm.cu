@@ -3,8 +3,9 @@
 //
 // Triton waits for every int8 wgmma dot (its WGMMA pipeliner makes a dot async only with an fp32
 // accumulator), so the twelve digit products of a K step run one after another. Here the twelve
-// products of a whole 128-deep K step (48 wgmma.m64n64k32.s32.s8.s8) are issued as one group,
-// and the next stage's tiles load while they run (wgmma.wait_group 1).
+// products of a whole 128-deep K step (4 x 12 wgmma.m64nBNk32.s32.s8.s8 a warpgroup, or 4 x 6 with
+// the level split) are issued as one group, and the next stage's tiles load while they run
+// (wgmma.wait_group 1).
 //
 // C[m, n] = sum_k X[m, k] * Wt[n, k] exactly (int64), from the balanced base-128 digit planes of
 // `backends/triton/linear.py` (`_digits`): x planes int8 [4, M, K], weight planes int8 [3, N, K],
@@ -14,7 +15,7 @@
 // the same integers).
 //
 // Shapes: M % BM == 0, N % BN == 0, K % 128 == 0 (the tool pads nothing; it picks such shapes).
-// Build: nvcc -arch=sm_90a -cubin (checked here) or NVRTC with --gpu-architecture=sm_90a (CuPy).
+// Build: nvcc -arch=sm_90a -cubin or NVRTC with --gpu-architecture=sm_90a (tools/exp_wgmma.py).
 
 typedef long long i64;
 typedef unsigned long long u64;
