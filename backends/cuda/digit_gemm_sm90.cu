@@ -1,5 +1,5 @@
-// Experiment (issue 12), not part of the product: the exact digit GEMM of `linear` as Hopper
-// wgmma with its int32 accumulators kept in flight.
+// The exact digit GEMM of `linear` as Hopper wgmma with its int32 accumulators kept in flight
+// (loaded by backends/cuda/digit_gemm.py; sm_90a only).
 //
 // Triton waits for every int8 wgmma dot (its WGMMA pipeliner makes a dot async only with an fp32
 // accumulator), so the twelve digit products of a K step run one after another. Here the twelve
@@ -11,11 +11,11 @@
 // `backends/triton/linear.py` (`_digits`): x planes int8 [4, M, K], weight planes int8 [3, N, K],
 // both K contiguous (K-major, as int8 wgmma requires). Level l = sum over a + b = l of
 // X_a @ W_b (int32: |level| <= 3 * 64 * 64 * K < 2**31 for K < 174763); C = sum_l level_l << 7l.
-// Output: int64 C [M, N] row-major, to compare with the Triton kernel's partial (any order gives
-// the same integers).
+// Output: int64 C [M, N] row-major, the integers of the Triton kernel's partial (integer sums:
+// any order gives the same bytes).
 //
-// Shapes: M % BM == 0, N % BN == 0, K % 128 == 0 (the tool pads nothing; it picks such shapes).
-// Build: nvcc -arch=sm_90a -cubin or NVRTC with --gpu-architecture=sm_90a (tools/exp_wgmma.py).
+// Shapes: any M and N (rows past the end load as zeros and are not stored); K % 16 == 0 (each
+// row's 16-byte chunks; chunks past K load as zeros). Build: NVRTC or nvcc for sm_90a.
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -56,8 +56,10 @@ static __device__ __forceinline__ u32 smem_addr(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
 }
 
-static __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+// 16 bytes global -> shared, or 16 zero bytes where `valid` is false (src-size 0: nothing is read)
+static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
 }
 
 // K-major tile of 128-byte rows, 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)),
@@ -115,7 +117,7 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
     const int m0 = blockIdx.y * BM;
     const int n0 = blockIdx.x * BN;
     const long long plane_x = (long long)M * K, plane_w = (long long)N * K;
-    const int ksteps = K / BK;
+    const int ksteps = (K + BK - 1) / BK;
 
     int acc[NLEV][NREG];
 #pragma unroll
@@ -131,14 +133,16 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
 #pragma unroll 1
         for (int q = tid; q < A_CHUNKS; q += THREADS) {
             const int d = q / (BM * 8), r = (q / 8) % BM, c = q % 8;
-            const signed char* src = xd + d * plane_x + (long long)(m0 + r) * K + k0 + c * 16;
-            cp_async16(smem_addr(base + d * A_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src);
+            const bool ok = m0 + r < M && k0 + c * 16 < K;  // rows past M and K past its end: zeros
+            const signed char* src = ok ? xd + d * plane_x + (long long)(m0 + r) * K + k0 + c * 16 : xd;
+            cp_async16(smem_addr(base + d * A_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src, ok);
         }
 #pragma unroll 1
         for (int q = tid; q < B_CHUNKS; q += THREADS) {
             const int d = q / (BN * 8), r = (q / 8) % BN, c = q % 8;
-            const signed char* src = wd + d * plane_w + (long long)(n0 + r) * K + k0 + c * 16;
-            cp_async16(smem_addr(base + XD * A_TILE + d * B_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src);
+            const bool ok = n0 + r < N && k0 + c * 16 < K;
+            const signed char* src = ok ? wd + d * plane_w + (long long)(n0 + r) * K + k0 + c * 16 : wd;
+            cp_async16(smem_addr(base + XD * A_TILE + d * B_TILE + r * 128 + ((c ^ (r & 7)) << 4)), src, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     };
@@ -236,13 +240,21 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
 #endif
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-        const int col = n0 + 8 * j + 2 * (lane % 4);
+        const int col = n0 + 8 * j + 2 * (lane % 4);  // even
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            longlong2 v;
-            v.x = c[4 * j + 2 * h];
-            v.y = c[4 * j + 2 * h + 1];
-            *reinterpret_cast<longlong2*>(out + (long long)(row + 8 * h) * N + col) = v;
+            const int r = row + 8 * h;
+            if (r >= M || col >= N) continue;
+            i64* dst = out + (long long)r * N + col;
+            if ((N & 1) == 0) {  // col + 1 < N and 16-byte aligned
+                longlong2 v;
+                v.x = c[4 * j + 2 * h];
+                v.y = c[4 * j + 2 * h + 1];
+                *reinterpret_cast<longlong2*>(dst) = v;
+            } else {
+                dst[0] = c[4 * j + 2 * h];
+                if (col + 1 < N) dst[1] = c[4 * j + 2 * h + 1];
+            }
         }
     }
 }
