@@ -46,7 +46,11 @@ def build(config: tuple[int, int, int, int] = CONFIG) -> CudaKernel:
     wgs, bn, stages, split = config
     options = ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}",
                f"-DLEVEL_SPLIT={split}"]
-    cubin = compile_cubin(SOURCE.read_text(), "digit_gemm_sm90", options)
+    try:
+        cubin = compile_cubin(SOURCE.read_text(), "digit_gemm_sm90", options)
+    except RuntimeError as e:
+        raise RuntimeError(f"linear's sm_90 digit GEMM could not be built ({e}); {ENV}=0 runs the Triton digit "
+                           f"GEMM instead (the same bits, slower)") from e
     return CudaKernel(cubin, "digit_gemm_s8", shared_bytes(*config))
 
 

@@ -30,6 +30,7 @@ Every product is an exact integer, so any tiling, K order or split gives the sam
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 import triton
@@ -385,10 +386,19 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
         dispatch.note_kernel("triton-int8-decode")
     else:
         wd, ew = _digits(weight, ew_given, activation=False)
-        dispatch.note_kernel("triton-int8")
+    vendor = None if decode or mid or m == 0 or n == 0 else _vendor_gemm(target, x.device, k)
+    if not (decode or mid):
+        dispatch.note_kernel("triton-int8" if vendor is None else "cuda-wgmma-int8")
     y = torch.empty((m, n), dtype=out_dtype if finish else torch.int64, device=x.device)
     if m == 0 or n == 0:
         return y, ex, ew
+    if vendor is not None:  # the int64 C, rounded by the finish kernel as after a K split
+        c = torch.empty((m, n), dtype=torch.int64, device=x.device) if finish else y
+        vendor.digit_gemm(xd, wd, c)
+        if finish:
+            assert out_dtype is not None
+            return _finish(c, ex, ew, bias, out_dtype), ex, ew
+        return c, ex, ew
     if k == 0:
         if finish:
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),
@@ -406,6 +416,19 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
         assert out_dtype is not None
         return _finish(acc, ex, ew, bias, out_dtype), ex, ew
     return y, ex, ew
+
+
+@functools.cache
+def _vendor_module(name: str):
+    return importlib.import_module(name)
+
+
+def _vendor_gemm(target: TritonTarget, device: torch.device, k: int):
+    """``target``'s vendor digit GEMM module where it runs on ``device`` at this K, else None."""
+    if target.digit_gemm is None:
+        return None
+    module = _vendor_module(target.digit_gemm)
+    return module if module.usable(device, k) else None
 
 
 def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,

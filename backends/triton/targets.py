@@ -61,6 +61,10 @@ class TritonTarget:
     #: ``linear_mid``'s kernel where ``linear_mid``'s output tiles are at most ``linear.MID_FEW_WAVES``
     #: per SM (narrow outputs: more warps a tile hide more latency); None: ``linear_mid``
     linear_mid_few: tuple[int, int, int, int, int] | None = None
+    #: module of a vendor digit GEMM for the prefill path (weight digit planes), used where its
+    #: ``usable(device, K)`` says so: ``digit_gemm(xd, wd, out)`` writes the int64 ``C`` that
+    #: ``_linear_gemm_kernel`` would (the same integers), and the finish kernel rounds it; None: Triton's
+    digit_gemm: str | None = None
 
 
 CUDA = TritonTarget(
@@ -70,6 +74,8 @@ CUDA = TritonTarget(
     # same bits: 7-15 % faster at M >= 2048 of Qwen3-8B shapes, 2 % slower at 16384 x 3072 x 1024
     # (tools/exp_linear_tiles.py, docs/bench/h200-linear-tiles-45b4539.json)
     linear_prefill=(128, 64, 64, 8, 3),
+    # sm_90: int8 wgmma products kept in flight, which Triton's pipeliner does not do
+    digit_gemm="rlkernel.backends.cuda.digit_gemm",
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
     attention_warps=4, attention_stages=1,
