@@ -83,6 +83,45 @@ def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
         _assert_bitwise(whole[:m], part, f"linear M={m} (decode) vs M=256 (prefill)")
 
 
+@pytest.mark.parametrize("m, k, n", [(16384, 1024, 4096), (1000, 1040, 1000), (77, 2064, 4097), (130, 16, 33),
+                                     (300, 3072, 1024)])
+def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int) -> None:
+    """linear's sm_90 wgmma digit GEMM writes the Triton digit GEMM's int64 C, byte for byte, into
+    a poisoned output (tails in M and N, odd N, K % 128 != 0), and the op through it equals the op
+    through Triton's kernel (RLKERNEL_WGMMA=0) for bf16 / fp16 / fp32 outputs, a bias, non-finite rows."""
+    from rlkernel import dispatch
+    from rlkernel.backends.cuda import digit_gemm as D
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton.targets import CUDA
+
+    if not D.usable(torch.device("cuda"), k):
+        pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    g = torch.Generator(device="cuda").manual_seed(m + k + n)
+    x = torch.randn(m, k, generator=g, device="cuda")
+    x[:, :4] *= 300.0
+    x = x.to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    xd, ex = L._digits(x)
+    wd, ew = L._digits(w, activation=False)
+    ref = torch.empty(m, n, dtype=torch.int64, device="cuda")
+    L._launch_gemm(xd, ex, w, wd, ew, None, ref, k, CUDA.linear_prefill, w_digits=True, finish=False, atomic=False,
+                   out_code=0)
+    out = torch.full((m, n), -(2**62), dtype=torch.int64, device="cuda")
+    D.digit_gemm(xd, wd, out)
+    _assert_bitwise(ref, out, f"wgmma C vs Triton C, M={m} K={k} N={n}")
+    if m > 256:  # the prefill path (x rows with NaN and inf, a bias, three output dtypes)
+        x[1, 3], x[2, 5] = float("nan"), float("inf")
+        bias = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
+        for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+            got = L.linear(x, w, bias, out_dtype, target=CUDA)
+            assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv(D.ENV, "0")
+                want = L.linear(x, w, bias, out_dtype, target=CUDA)
+                assert (dispatch.last_kernel() or "").endswith("[triton-int8]"), dispatch.last_kernel()
+            _assert_bitwise(want, got, f"linear {out_dtype} through wgmma vs Triton, M={m} K={k} N={n}")
+
+
 def test_token_logprobs_memory_is_bounded() -> None:
     from rlkernel.backends.triton.targets import CUDA
     from rlkernel.backends.triton.token_logprobs import token_logprobs

@@ -14,11 +14,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 from pathlib import Path
 
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin
+from .nvrtc import CudaKernel, compile_cubin, compile_program
 
 SOURCE = Path(__file__).with_name("digit_gemm_sm90.cu")
 #: (consumer warpgroups, BLOCK_N, stages, level split): BLOCK_M = 64 x warpgroups, or 64 with the
@@ -40,14 +41,18 @@ def shared_bytes(wgs: int, bn: int, stages: int, split: int) -> int:
     return stages * (4 * block_m(wgs, split) * 128 + 3 * bn * 128) + 1024
 
 
+def options(config: tuple[int, int, int, int]) -> list[str]:
+    """NVRTC options of one configuration (sm_90a: ``wgmma`` needs the architecture-specific target)."""
+    wgs, bn, stages, split = config
+    return ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}",
+            f"-DLEVEL_SPLIT={split}"]
+
+
 @functools.cache
 def build(config: tuple[int, int, int, int] = CONFIG) -> CudaKernel:
     """The kernel of one configuration, built for sm_90a (NVRTC, cached on disk)."""
-    wgs, bn, stages, split = config
-    options = ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}",
-               f"-DLEVEL_SPLIT={split}"]
     try:
-        cubin = compile_cubin(SOURCE.read_text(), "digit_gemm_sm90", options)
+        cubin = compile_cubin(SOURCE.read_text(), "digit_gemm_sm90", options(config))
     except RuntimeError as e:
         raise RuntimeError(f"linear's sm_90 digit GEMM could not be built ({e}); {ENV}=0 runs the Triton digit "
                            f"GEMM instead (the same bits, slower)") from e
@@ -80,3 +85,31 @@ def digit_gemm(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor,
     args = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), ctypes.c_void_p(out.data_ptr()),
             ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
     (kernel or build(config)).launch(out.device, grid, 128 * wgs, args)
+
+
+def static_check(config: tuple[int, int, int, int] = CONFIG) -> tuple[bool, str]:
+    """Build one configuration without a GPU and check what makes it exact and fast: the PTX has a
+    K step's products (4 x 12, or 4 x 6 a warpgroup with the level split) as ``wgmma.mma_async``
+    with one ``wgmma.wait_group 1`` (products in flight), no forbidden instruction
+    (``static_checks.scan_ptx``), and ptxas reports no stack, no spills and no warning (it warns
+    when it serialises wgmma). Returns (passed, detail)."""
+    from .static_checks import scan_ptx
+
+    try:
+        _, ptx, log = compile_program(SOURCE.read_text(), "digit_gemm_sm90", [*options(config), "--ptxas-options=-v"])
+    except Exception as exc:  # reported as a failed check, with the reason
+        return False, f"build failed: {type(exc).__name__}: {str(exc)[:500]}"
+    problems = scan_ptx(ptx)
+    products = len(re.findall(r"\bwgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8\b", ptx))
+    expected = 4 * (6 if config[3] else 12)
+    if products != expected:
+        problems.append(f"{products} int8 wgmma products in the PTX, {expected} expected")
+    waits = re.findall(r"\bwgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    if sorted(waits) != ["0", "1"]:
+        problems.append(f"wgmma waits {waits}, expected one wait_group 1 (in the K loop) and one 0 (after it)")
+    if "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" not in log:
+        problems.append("ptxas: stack or spills: " + " | ".join(ln.strip() for ln in log.splitlines() if "stack" in ln))
+    problems += [f"ptxas: {ln.strip()}" for ln in log.splitlines() if "warning" in ln.lower()]
+    registers = re.search(r"Used (\d+) registers", log)
+    return not problems, "; ".join(problems) or (f"clean: {products} wgmma a K step, one wait_group 1, "
+                                                 f"{registers.group(1) if registers else '?'} registers, no stack")

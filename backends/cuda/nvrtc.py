@@ -33,8 +33,12 @@ def _nvrtc() -> ctypes.CDLL:
     if _NVRTC is not None:
         return _NVRTC
     roots = [*site.getsitepackages(), site.getusersitepackages(), str(Path(torch.__file__).parent.parent)]
+    major = (torch.version.cuda or "").split(".")[0]
+
     def found(root: str, stem: str) -> list[str]:
-        return sorted(p for p in glob.glob(os.path.join(root, "nvidia", "*", "lib", f"{stem}.so*")) if ".alt." not in p)
+        # torch's own CUDA major first: a newer NVRTC's cubins need a newer driver than torch's
+        paths = [p for p in glob.glob(os.path.join(root, "nvidia", "*", "lib", f"{stem}.so*")) if ".alt." not in p]
+        return sorted(paths, key=lambda p: (not (major and p.endswith(f".so.{major}")), p))
 
     for root in roots:
         libs = found(root, "libnvrtc")
@@ -76,13 +80,10 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("RLKERNEL_CACHE_DIR") or Path.home() / ".cache" / "rlkernel") / "cubin"
 
 
-def compile_cubin(source: str, name: str, options: list[str]) -> bytes:
-    """``source`` built by NVRTC into a cubin (``options`` name the architecture, e.g.
-    ``--gpu-architecture=sm_90a``); cached on disk by source, options and NVRTC version."""
-    key = hashlib.sha256("\0".join([source, *options, repr(nvrtc_version())]).encode()).hexdigest()[:32]
-    path = _cache_dir() / f"{name}-{key}.cubin"
-    if path.is_file():
-        return path.read_bytes()
+def compile_program(source: str, name: str, options: list[str]) -> tuple[bytes, str, str]:
+    """``source`` built by NVRTC with ``options`` (which name the architecture, e.g.
+    ``--gpu-architecture=sm_90a``): (cubin, PTX, NVRTC's log, where ``--ptxas-options=-v`` puts
+    ptxas's resource report). A failed build raises with the log."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None):
@@ -100,16 +101,29 @@ def compile_cubin(source: str, name: str, options: list[str]) -> bytes:
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
         cubin = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetCUBIN(prog, cubin)
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetPTX(prog, ptx)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw, ptx.value.decode(), log.value.decode(errors="replace")
+
+
+def compile_cubin(source: str, name: str, options: list[str]) -> bytes:
+    """``source``'s cubin (:func:`compile_program`), cached on disk by source, options and NVRTC version."""
+    key = hashlib.sha256("\0".join([source, *options, repr(nvrtc_version())]).encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{name}-{key}.cubin"
+    if path.is_file():
+        return path.read_bytes()
+    cubin = compile_program(source, name, options)[0]
     try:  # the cache is an optimisation: a read-only home still builds
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin.raw)
+        tmp.write_bytes(cubin)
         tmp.replace(path)
     except OSError:
         pass
-    return cubin.raw
+    return cubin
 
 
 class CudaKernel:

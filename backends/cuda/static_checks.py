@@ -125,4 +125,9 @@ def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[
         findings = scan_ptx(ptx)
         detail = "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")
         results.append((op, name, not findings, detail or f"clean ({len(ptx.splitlines())} PTX lines)"))
+    if arch == ARCH and (not ops or "linear" in ops):  # linear's sm_90 wgmma digit GEMM (CUDA C, NVRTC)
+        from .digit_gemm import CONFIG, static_check
+
+        passed, detail = static_check(CONFIG)
+        results.append(("linear", "sm_90/digit_gemm_sm90_w{}_n{}_s{}_l{}".format(*CONFIG), passed, detail))
     return results
