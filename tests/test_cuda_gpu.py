@@ -113,9 +113,10 @@ def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int) -> None:
         x[1, 3], x[2, 5] = float("nan"), float("inf")
         bias = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
         for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
-            got = L.linear(x, w, bias, out_dtype, target=CUDA)
-            assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
             with pytest.MonkeyPatch.context() as mp:
+                mp.setenv(D.ENV, "1")
+                got = L.linear(x, w, bias, out_dtype, target=CUDA)
+                assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
                 mp.setenv(D.ENV, "0")
                 want = L.linear(x, w, bias, out_dtype, target=CUDA)
                 assert (dispatch.last_kernel() or "").endswith("[triton-int8]"), dispatch.last_kernel()

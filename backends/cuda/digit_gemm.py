@@ -27,8 +27,10 @@ SOURCE = Path(__file__).with_name("digit_gemm_sm90.cu")
 CONFIG = (2, 32, 2, 0)
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
 K_ALIGN = 16
-#: ``RLKERNEL_WGMMA=0`` turns the kernel off (the Triton digit GEMM runs; the same bits)
+#: ``RLKERNEL_WGMMA=0`` turns the kernel off (the Triton digit GEMM runs; the same bits), ``1`` on
 ENV = "RLKERNEL_WGMMA"
+#: the setting when ``RLKERNEL_WGMMA`` is unset
+DEFAULT = "1"
 
 
 def block_m(wgs: int, split: int) -> int:
@@ -63,7 +65,7 @@ def usable(device: torch.device, k: int) -> bool:
     """Whether ``device`` runs this kernel for a reduction of length ``k``: an sm_90 GPU (the
     ``wgmma`` instructions exist there only), K a multiple of 16, and not turned off by
     ``RLKERNEL_WGMMA=0``."""
-    if device.type != "cuda" or k % K_ALIGN or k == 0 or os.environ.get(ENV, "1") == "0":
+    if device.type != "cuda" or k % K_ALIGN or k == 0 or os.environ.get(ENV, DEFAULT) == "0":
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
 
