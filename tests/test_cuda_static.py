@@ -104,3 +104,40 @@ def test_paged_kernels_compile_with_block_size_one() -> None:
     for fn, sig, consts, opts in kernels.values():
         compile_for(fn, sig, consts, compiler="cuda", arch=90, warp_size=32,
                     options=dict(opts, enable_fp_fusion=False))
+
+
+def test_wgmma_digit_gemm_static_check_passes_and_can_fail(tmp_path, monkeypatch) -> None:
+    """linear's sm_90 wgmma kernel builds without a GPU and passes its check; the same source made
+    to wait for every K step's products (``wait_group 0`` in the loop) fails it, as does a build error."""
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    passed, detail = D.static_check(D.CONFIG)
+    assert passed, detail
+    source = D.SOURCE.read_text()
+    waiting = tmp_path / "waiting.cu"
+    waiting.write_text(source.replace('"wgmma.wait_group.sync.aligned 1;', '"wgmma.wait_group.sync.aligned 0;'))
+    monkeypatch.setattr(D, "SOURCE", waiting)
+    passed, detail = D.static_check(D.CONFIG)
+    assert not passed and "wait" in detail, detail
+    broken = tmp_path / "broken.cu"
+    broken.write_text(source.replace("typedef long long i64;", "typedef long long i64 oops;"))
+    monkeypatch.setattr(D, "SOURCE", broken)
+    passed, detail = D.static_check(D.CONFIG)
+    assert not passed and detail.startswith("build failed"), detail
+
+
+def test_wgmma_digit_gemm_is_used_only_where_it_runs(monkeypatch) -> None:
+    """Not on the CPU, not for K off 16 bytes, not with RLKERNEL_WGMMA=0; bad operands are refused
+    before any launch, with what was given."""
+    import torch
+
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    assert not D.usable(torch.device("cpu"), 1024)
+    monkeypatch.setenv(D.ENV, "0")
+    assert not D.usable(torch.device("cuda"), 1024)
+    xd, wd = torch.zeros(4, 8, 40, dtype=torch.int8), torch.zeros(3, 8, 40, dtype=torch.int8)
+    with pytest.raises(ValueError, match="K=40 must be a multiple of 16"):
+        D.digit_gemm(xd, wd, torch.zeros(8, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"got \(4, 8, 40\), \(3, 8, 40\), \(8, 9\)"):
+        D.digit_gemm(xd, wd, torch.zeros(8, 9, dtype=torch.int64))
