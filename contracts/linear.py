@@ -335,6 +335,12 @@ def golden_cases() -> list[Case]:
     }))
     cases.append(_case("m128_k4096_n512_bf16_fp32out", "golden",
                        lambda: _make("m128_k4096_n512", 128, 4096, 512, BF16, "same", FP32), full_only=True))
+    # Above 256 rows GPU backends take their prefill path (weight digit planes; on sm_90 optionally
+    # the wgmma GEMM): row and column tails, an odd N, K off the 128-deep steps.
+    cases.append(_case("m300_k1040_n99_bf16_same_bf16out", "golden",
+                       lambda: _make("m300_k1040_n99", 300, 1040, 99, BF16, "same")))
+    cases.append(_case("m520_k272_n64_fp16_fp32_fp32out", "golden",
+                       lambda: _make("m520_k272_n64", 520, 272, 64, FP16, "fp32", FP32)))
     # The tensor-parallel sub-ops, on a shard whose global exponents exceed its own.
     cases.append(_case("exponents_m17_k256_n32_bf16", "golden",
                        lambda: {"x": normal(_seed("exp", "x"), (17, 256), 1.0, BF16),

@@ -85,7 +85,7 @@ def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
 
 @pytest.mark.parametrize("m, k, n", [(16384, 1024, 4096), (1000, 1040, 1000), (77, 2064, 4097), (130, 16, 33),
                                      (300, 3072, 1024)])
-def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int) -> None:
+def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """linear's sm_90 wgmma digit GEMM writes the Triton digit GEMM's int64 C, byte for byte, into
     a poisoned output (tails in M and N, odd N, K % 128 != 0), and the op through it equals the op
     through Triton's kernel (RLKERNEL_WGMMA=0) for bf16 / fp16 / fp32 outputs, a bias, non-finite rows."""
@@ -94,8 +94,10 @@ def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int) -> None:
     from rlkernel.backends.triton import linear as L
     from rlkernel.backends.triton.targets import CUDA
 
-    if not D.usable(torch.device("cuda"), k):
+    if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    monkeypatch.setenv(D.ENV, "1")  # on, whatever its default
+    assert D.usable(torch.device("cuda"), k)
     g = torch.Generator(device="cuda").manual_seed(m + k + n)
     x = torch.randn(m, k, generator=g, device="cuda")
     x[:, :4] *= 300.0
@@ -113,13 +115,12 @@ def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int) -> None:
         x[1, 3], x[2, 5] = float("nan"), float("inf")
         bias = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
         for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setenv(D.ENV, "1")
-                got = L.linear(x, w, bias, out_dtype, target=CUDA)
-                assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
-                mp.setenv(D.ENV, "0")
-                want = L.linear(x, w, bias, out_dtype, target=CUDA)
-                assert (dispatch.last_kernel() or "").endswith("[triton-int8]"), dispatch.last_kernel()
+            monkeypatch.setenv(D.ENV, "1")
+            got = L.linear(x, w, bias, out_dtype, target=CUDA)
+            assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
+            monkeypatch.setenv(D.ENV, "0")
+            want = L.linear(x, w, bias, out_dtype, target=CUDA)
+            assert (dispatch.last_kernel() or "").endswith("[triton-int8]"), dispatch.last_kernel()
             _assert_bitwise(want, got, f"linear {out_dtype} through wgmma vs Triton, M={m} K={k} N={n}")
 
 
