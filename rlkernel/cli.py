@@ -53,6 +53,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():  # CUDA (or ROCm presenting itself as cuda) only; no other vendor is touched
         for i in range(torch.cuda.device_count()):
             print(f"  cuda:{i}: {torch.cuda.get_device_name(i)} ({_cuda_arch(i)}){_served_by(torch.device('cuda', i))}")
+            if torch.version.hip is None and torch.cuda.get_device_capability(i) == (9, 0):
+                from rlkernel.backends.cuda import digit_gemm
+
+                on = digit_gemm.usable(torch.device("cuda", i), 1024)
+                print(f"    linear prefill digit GEMM: {'sm_90 wgmma (CUDA C, NVRTC)' if on else 'Triton'} "
+                      f"({digit_gemm.ENV}={'1' if on else '0'}; the same integers either way)")
     print("backends:")
     try:
         from rlkernel.registry import all_backends, probe_results
