@@ -24,7 +24,10 @@
    and ``_linear_finish_kernel`` applies the epilogue. The prefill path splits K the same way when
    its output tiles leave half the SMs idle (``PREFILL_SPLIT_MIN_STEPS``).
 
-Every product is an exact integer, so any tiling, K order or split gives the same ``C``.
+Every product is an exact integer, so any tiling, K order or split gives the same ``C``. A target
+may name a vendor digit GEMM for the prefill path (``TritonTarget.digit_gemm``: on CUDA the sm_90
+wgmma kernel of ``backends/cuda/digit_gemm.py``, opt-in with ``RLKERNEL_WGMMA=1``): it writes that
+``C`` from the same digit planes and ``_linear_finish_kernel`` rounds it.
 """
 
 from __future__ import annotations
