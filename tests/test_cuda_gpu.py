@@ -124,6 +124,40 @@ def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int, monkeypatch: pyt
             _assert_bitwise(want, got, f"linear {out_dtype} through wgmma vs Triton, M={m} K={k} N={n}")
 
 
+def test_wgmma_digit_gemm_from_a_new_thread() -> None:
+    """The driver-API launch works from a thread that has made no CUDA call yet (no current
+    context there), on torch's stream of that thread, and gives the same C."""
+    import threading
+
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    xd = torch.randint(-64, 65, (4, 200, 256), generator=g, device="cuda", dtype=torch.int8)
+    wd = torch.randint(-64, 65, (3, 96, 256), generator=g, device="cuda", dtype=torch.int8)
+    here = torch.empty(200, 96, dtype=torch.int64, device="cuda")
+    D.digit_gemm(xd, wd, here)
+    there = torch.full((200, 96), -1, dtype=torch.int64, device="cuda")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            D.digit_gemm(xd, wd, there)
+            torch.cuda.synchronize()
+        except BaseException as e:  # reported by the test's thread
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    xc, wc = xd.cpu().long(), wd.cpu().long()  # torch has no integer matmul on CUDA
+    want = sum((xc[a] @ wc[b].T) << (7 * (a + b)) for a in range(4) for b in range(3))
+    _assert_bitwise(want, here.cpu(), "wgmma C vs int64 matmul of the planes (CPU)")
+    _assert_bitwise(here, there, "wgmma C from a new thread")
+
+
 def test_token_logprobs_memory_is_bounded() -> None:
     from rlkernel.backends.triton.targets import CUDA
     from rlkernel.backends.triton.token_logprobs import token_logprobs

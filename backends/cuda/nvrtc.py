@@ -126,6 +126,19 @@ def compile_cubin(source: str, name: str, options: list[str]) -> bytes:
     return cubin
 
 
+def _ensure_context(device: int) -> None:
+    """Make ``device``'s primary context (torch's) current on this thread if no context is: a thread
+    that has made no CUDA runtime call yet has none, and the driver API needs one."""
+    cuda = _driver()
+    ctx = ctypes.c_void_p()
+    _check(cuda.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if ctx.value is None:
+        dev = ctypes.c_int()
+        _check(cuda.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        _check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
 class CudaKernel:
     """One ``extern "C"`` kernel of a cubin, loaded into each device's primary context on first use."""
 
@@ -138,7 +151,7 @@ class CudaKernel:
         if fn is not None:
             return fn
         with _LOCK, torch.cuda.device(device):
-            torch.cuda.current_stream(device)  # torch's primary context is current on this thread
+            _ensure_context(device)
             cuda = _driver()
             module, fn = ctypes.c_void_p(), ctypes.c_void_p()
             _check(cuda.cuModuleLoadData(ctypes.byref(module), self.cubin), f"cuModuleLoadData({self.function})")
@@ -156,5 +169,6 @@ class CudaKernel:
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
         with torch.cuda.device(index):  # the launch needs the module's (the device's primary) context current
+            _ensure_context(index)
             _check(_driver().cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, self.shared_bytes, stream,
                                             params, None), f"cuLaunchKernel({self.function})")
