@@ -9,7 +9,11 @@ a cubin built elsewhere with ``nvcc -arch=sm_90a -cubin -DWGS=.. -DBN=.. -DSTAGE
 checks that its int64 ``C`` equals the Triton kernel's on the same digit planes (exact integers:
 any order gives the same bytes; poisoned output, so every element must be written), and times both,
 next to torch's bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and
-decode), a large square one and ragged ones (M, N off the tiles, K off the 128-deep step)::
+decode), a large square one and ragged ones (M, N off the tiles, K off the 128-deep step). Each
+configuration is also timed as a whole op with the weight's digit planes made once
+(``*_cached_planes_op_ms``: x digits, the wgmma GEMM, the finish), next to the op as it runs
+(``product_op_ms``; at M <= 256 the decode/mid kernel, which makes the weight's digits in
+registers): the decode step's question is whether a weight-plane cache plus wgmma beats it::
 
     python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES,SPLIT ...]
 
@@ -89,10 +93,17 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
     def triton_c() -> None:
         L._launch_gemm(xd, ex, w, wd, ew, None, ref, k, tile, w_digits=True, finish=False, atomic=False, out_code=0)
 
+    def product_op() -> None:  # the op as it runs (RLKERNEL_WGMMA as set), the weight's exponents given as in
+        # the decode graphs
+        L._gemm(x, w, None, ew, None, torch.bfloat16, CUDA)
+
     triton_c()
     row = {"m": m, "k": k, "n": n, "int8_products_T": 12 * 2 * m * n * k / 1e12,
            "native_bf16_ms": device_ms(lambda: torch.nn.functional.linear(x, w)),
-           "triton_int64_ms": device_ms(triton_c), "triton_tile": tile}
+           "triton_int64_ms": device_ms(triton_c), "triton_tile": tile,
+           # M <= 256: x digits + the decode/mid kernel (bf16 weight, digits in registers); above:
+           # x digits + weight planes + the prefill kernel
+           "product_op_ms": device_ms(product_op)}
     for cfg, fn in kernels.items():
         name = "w{}_n{}_s{}_l{}".format(*cfg)
         out = torch.full((m, n), -1, dtype=torch.int64, device="cuda")  # poisoned: every element must be written
@@ -105,6 +116,15 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
                 row[name + "_first_diff"] = [int(v) for v in bad[0]]
                 row[name + "_diff_count"] = int(len(bad))
             row[name + "_ms"] = device_ms(lambda fn=fn, cfg=cfg, out=out: launch(fn, cfg, xd, wd, out))
+
+            def cached_planes_op(fn=fn, cfg=cfg) -> None:  # weight planes made once (a cache), x per call
+                xd_, ex_ = L._digits(x)
+                c = torch.empty(m, n, dtype=torch.int64, device="cuda")
+                launch(fn, cfg, xd_, wd, c)
+                L._finish(c, ex_, ew, None, torch.bfloat16)
+
+            # what a weight-plane cache would give the decode step (M <= 256) against product_op_ms
+            row[name + "_cached_planes_op_ms"] = device_ms(cached_planes_op)
         except Exception as e:  # recorded: the next configuration still runs
             row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
