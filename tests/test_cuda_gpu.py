@@ -87,8 +87,9 @@ def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
                                      (300, 3072, 1024)])
 def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """linear's sm_90 wgmma digit GEMM writes the Triton digit GEMM's int64 C, byte for byte, into
-    a poisoned output (tails in M and N, odd N, K % 128 != 0), and the op through it equals the op
-    through Triton's kernel (RLKERNEL_WGMMA=0) for bf16 / fp16 / fp32 outputs, a bias, non-finite rows."""
+    a poisoned output (tails in M and N, odd N, K % 128 != 0), and the op through it (its own P3'
+    epilogue) equals the op through Triton's kernels (RLKERNEL_WGMMA=0) for bf16 / fp16 / fp32
+    outputs, biases of the three dtypes or none, non-finite rows."""
     from rlkernel import dispatch
     from rlkernel.backends.cuda import digit_gemm as D
     from rlkernel.backends.triton import linear as L
@@ -113,15 +114,19 @@ def test_wgmma_digit_gemm_equals_triton(m: int, k: int, n: int, monkeypatch: pyt
     _assert_bitwise(ref, out, f"wgmma C vs Triton C, M={m} K={k} N={n}")
     if m > 256:  # the prefill path (x rows with NaN and inf, a bias, three output dtypes)
         x[1, 3], x[2, 5] = float("nan"), float("inf")
-        bias = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
-        for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        bias16 = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
+        runs = [(torch.bfloat16, bias16), (torch.float16, bias16), (torch.float32, bias16), (torch.bfloat16, None),
+                (torch.float16, None), (torch.float32, None), (torch.bfloat16, bias16.float() * 1e3),
+                (torch.float32, bias16.half())]
+        for out_dtype, bias in runs:
             monkeypatch.setenv(D.ENV, "1")
             got = L.linear(x, w, bias, out_dtype, target=CUDA)
             assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
             monkeypatch.setenv(D.ENV, "0")
             want = L.linear(x, w, bias, out_dtype, target=CUDA)
             assert (dispatch.last_kernel() or "").endswith("[triton-int8]"), dispatch.last_kernel()
-            _assert_bitwise(want, got, f"linear {out_dtype} through wgmma vs Triton, M={m} K={k} N={n}")
+            what = f"linear {out_dtype}, bias {None if bias is None else bias.dtype}, through wgmma vs Triton"
+            _assert_bitwise(want, got, f"{what}, M={m} K={k} N={n}")
 
 
 def test_wgmma_digit_gemm_from_a_new_thread() -> None:

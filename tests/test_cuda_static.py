@@ -141,3 +141,10 @@ def test_wgmma_digit_gemm_is_used_only_where_it_runs(monkeypatch) -> None:
         D.digit_gemm(xd, wd, torch.zeros(8, 8, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"got \(4, 8, 40\), \(3, 8, 40\), \(8, 9\)"):
         D.digit_gemm(xd, wd, torch.zeros(8, 9, dtype=torch.int64))
+    xd, wd = torch.zeros(4, 8, 48, dtype=torch.int8), torch.zeros(3, 8, 48, dtype=torch.int8)
+    y = torch.zeros(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"int64 ex \[8\] and ew \[8\] expected; got torch.int32"):
+        D.digit_gemm_finish(xd, wd, torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int64), None, y)
+    with pytest.raises(ValueError, match=r"bias \[8\] of fp32/bf16/fp16 expected; got torch.float64"):
+        D.digit_gemm_finish(xd, wd, torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
+                            torch.zeros(8, dtype=torch.float64), y)

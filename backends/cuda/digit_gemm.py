@@ -6,7 +6,9 @@ kernel issues a 128-deep K step's products as one asynchronous group while the n
 It computes the same exact integers as ``_linear_gemm_kernel`` with ``FINISH=False``:
 ``C[m, n] = sum_k X[m, k] * W[n, k]`` as int64 from the balanced base-128 digit planes (x [4, M, K],
 weight [3, N, K]); integer sums are order-free, so the bytes are the same (docs/numerics.md R2).
-The launcher in ``backends/triton/linear.py`` rounds ``C`` with the shared finish kernel.
+``digit_gemm`` stores ``C``; ``digit_gemm_finish`` rounds it in the kernel's epilogue with
+``linear_epilogue.cuh`` (P3', the contract's ``linear_finish``; checked against the contract on
+the host by tests/test_cuda_epilogue.py), so the int64 ``C`` never goes through memory.
 """
 
 from __future__ import annotations
@@ -44,18 +46,37 @@ def shared_bytes(wgs: int, bn: int, stages: int, split: int) -> int:
     return stages * (4 * block_m(wgs, split) * 128 + 3 * bn * 128) + 1024
 
 
-def options(config: tuple[int, int, int, int]) -> list[str]:
-    """NVRTC options of one configuration (sm_90a: ``wgmma`` needs the architecture-specific target)."""
+#: (FINISH, OUT, BIAS) of the kernel that stores the int64 C
+C_ONLY = (0, 0, 0)
+#: output dtype -> OUT code of the epilogue; bias dtype -> BIAS code (0: no bias)
+OUT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+BIAS_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+HEADER = SOURCE.with_name("linear_epilogue.cuh")
+
+
+def source() -> str:
+    """The kernel's source with ``linear_epilogue.cuh`` inlined (so the build cache's key covers both)."""
+    text = SOURCE.read_text()
+    include = '#include "linear_epilogue.cuh"'
+    if include not in text:
+        raise RuntimeError(f"{SOURCE.name} does not include linear_epilogue.cuh")
+    return text.replace(include, HEADER.read_text(), 1)
+
+
+def options(config: tuple[int, int, int, int], variant: tuple[int, int, int] = C_ONLY) -> list[str]:
+    """NVRTC options of one configuration and variant (FINISH, OUT, BIAS); sm_90a: ``wgmma`` needs the
+    architecture-specific target; FMA contraction off (R1: the epilogue's roundings are explicit)."""
     wgs, bn, stages, split = config
-    return ["--gpu-architecture=sm_90a", "--std=c++17", f"-DWGS={wgs}", f"-DBN={bn}", f"-DSTAGES={stages}",
-            f"-DLEVEL_SPLIT={split}"]
+    finish, out, bias = variant
+    return ["--gpu-architecture=sm_90a", "--std=c++17", "--fmad=false", f"-DWGS={wgs}", f"-DBN={bn}",
+            f"-DSTAGES={stages}", f"-DLEVEL_SPLIT={split}", f"-DFINISH={finish}", f"-DOUT={out}", f"-DBIAS={bias}"]
 
 
 @functools.cache
-def build(config: tuple[int, int, int, int] = CONFIG) -> CudaKernel:
-    """The kernel of one configuration, built for sm_90a (NVRTC, cached on disk)."""
+def build(config: tuple[int, int, int, int] = CONFIG, variant: tuple[int, int, int] = C_ONLY) -> CudaKernel:
+    """The kernel of one configuration and variant, built for sm_90a (NVRTC, cached on disk)."""
     try:
-        cubin = compile_cubin(SOURCE.read_text(), "digit_gemm_sm90", options(config))
+        cubin = compile_cubin(source(), "digit_gemm_sm90", options(config, variant))
     except RuntimeError as e:
         raise RuntimeError(f"linear's sm_90 digit GEMM could not be built ({e}); {ENV}=0 runs the Triton digit "
                            f"GEMM instead (the same integers C)") from e
@@ -71,26 +92,58 @@ def usable(device: torch.device, k: int) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def _check_planes(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor, what: str) -> None:
+    _, m, k = xd.shape
+    n = wd.shape[1]
+    if not (xd.is_contiguous() and wd.is_contiguous() and out.is_contiguous()) or out.shape != (m, n):
+        raise ValueError(f"digit_gemm: contiguous xd [4, M, K], wd [3, N, K], {what} [M, N] expected; got "
+                         f"{tuple(xd.shape)}, {tuple(wd.shape)}, {tuple(out.shape)}")
+    if k % K_ALIGN or xd.data_ptr() % 16 or wd.data_ptr() % 16 or out.data_ptr() % 16:
+        raise ValueError(f"digit_gemm: K={k} must be a multiple of {K_ALIGN} and every tensor 16-byte aligned")
+
+
+def _launch(kernel: CudaKernel, config: tuple[int, int, int, int], xd: torch.Tensor, wd: torch.Tensor,
+            pointers: list[int], device: torch.device) -> None:
+    _, m, k = xd.shape
+    n = wd.shape[1]
+    wgs, bn, _, split = config
+    grid = ((n + bn - 1) // bn, (m + block_m(wgs, split) - 1) // block_m(wgs, split), 1)
+    args = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), *[ctypes.c_void_p(p) for p in pointers],
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    kernel.launch(device, grid, 128 * wgs, args)
+
+
 def digit_gemm(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor,
                config: tuple[int, int, int, int] = CONFIG, kernel: CudaKernel | None = None) -> None:
     """``out`` int64 [M, N] (contiguous) = the exact product of the digit planes ``xd`` int8
     [4, M, K] and ``wd`` int8 [3, N, K] (both contiguous, 16-byte aligned, K % 16 == 0).
     ``kernel``: ``config``'s kernel built elsewhere (tools/exp_wgmma.py's prebuilt cubins)."""
-    _, m, k = xd.shape
-    n = wd.shape[1]
-    if not (xd.is_contiguous() and wd.is_contiguous() and out.is_contiguous()) or out.shape != (m, n):
-        raise ValueError(f"digit_gemm: contiguous xd [4, M, K], wd [3, N, K], out [M, N] expected; got "
-                         f"{tuple(xd.shape)}, {tuple(wd.shape)}, {tuple(out.shape)}")
-    if k % K_ALIGN or xd.data_ptr() % 16 or wd.data_ptr() % 16 or out.data_ptr() % 16:
-        raise ValueError(f"digit_gemm: K={k} must be a multiple of {K_ALIGN} and every tensor 16-byte aligned")
-    wgs, bn, _, split = config
-    grid = ((n + bn - 1) // bn, (m + block_m(wgs, split) - 1) // block_m(wgs, split), 1)
-    args = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    (kernel or build(config)).launch(out.device, grid, 128 * wgs, args)
+    _check_planes(xd, wd, out, "out")
+    _launch(kernel or build(config), config, xd, wd, [out.data_ptr(), 0, 0, 0, 0], out.device)
 
 
-def static_check(config: tuple[int, int, int, int] = CONFIG) -> tuple[bool, str]:
+def digit_gemm_finish(xd: torch.Tensor, wd: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
+                      bias: torch.Tensor | None, y: torch.Tensor, config: tuple[int, int, int, int] = CONFIG) -> None:
+    """``y`` [M, N] (fp32/bf16/fp16, contiguous) = linear's output from the same product: the P3'
+    epilogue (``linear_epilogue.cuh``) rounds ``C * 2**(ex + ew - 47)`` once to y's dtype (with a
+    bias [N] of any of the three dtypes: to fp32, + bias, then to y's dtype), NaN on sentinel rows;
+    ``ex`` int64 [M], ``ew`` int64 [N] contiguous. The int64 C is never written."""
+    _check_planes(xd, wd, y, "y")
+    m, n = y.shape
+    if ex.shape != (m,) or ew.shape != (n,) or not (ex.is_contiguous() and ew.is_contiguous()) \
+            or ex.dtype != torch.int64 or ew.dtype != torch.int64:
+        raise ValueError(f"digit_gemm_finish: contiguous int64 ex [{m}] and ew [{n}] expected; got "
+                         f"{ex.dtype} {tuple(ex.shape)}, {ew.dtype} {tuple(ew.shape)}")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous() or bias.dtype not in BIAS_CODES):
+        raise ValueError(f"digit_gemm_finish: a contiguous bias [{n}] of fp32/bf16/fp16 expected; got "
+                         f"{bias.dtype} {tuple(bias.shape)}")
+    variant = (1, OUT_CODES[y.dtype], BIAS_CODES[bias.dtype] if bias is not None else 0)
+    _launch(build(config, variant), config, xd, wd,
+            [0, ex.data_ptr(), ew.data_ptr(), bias.data_ptr() if bias is not None else 0, y.data_ptr()], y.device)
+
+
+def static_check(config: tuple[int, int, int, int] = CONFIG, variant: tuple[int, int, int] = C_ONLY
+                 ) -> tuple[bool, str]:
     """Build one configuration without a GPU and check what makes it exact and fast: the PTX has a
     K step's products (4 x 12, or 4 x 6 a warpgroup with the level split) as ``wgmma.mma_async``
     with one ``wgmma.wait_group 1`` (products in flight), no forbidden instruction
@@ -99,7 +152,7 @@ def static_check(config: tuple[int, int, int, int] = CONFIG) -> tuple[bool, str]
     from .static_checks import scan_ptx
 
     try:
-        _, ptx, log = compile_program(SOURCE.read_text(), "digit_gemm_sm90", [*options(config), "--ptxas-options=-v"])
+        _, ptx, log = compile_program(source(), "digit_gemm_sm90", [*options(config, variant), "--ptxas-options=-v"])
     except Exception as exc:  # reported as a failed check, with the reason
         return False, f"build failed: {type(exc).__name__}: {str(exc)[:500]}"
     problems = scan_ptx(ptx)

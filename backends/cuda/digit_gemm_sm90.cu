@@ -12,7 +12,9 @@
 // both K contiguous (K-major, as int8 wgmma requires). Level l = sum over a + b = l of
 // X_a @ W_b (int32: |level| <= 3 * 64 * 64 * K < 2**31 for K < 174763); C = sum_l level_l << 7l.
 // Output: int64 C [M, N] row-major, the integers of the Triton kernel's partial (integer sums:
-// any order gives the same bytes).
+// any order gives the same bytes), or with FINISH the linear output y [M, N] in format OUT through
+// the P3' epilogue of linear_epilogue.cuh (the same arithmetic as the Triton finish kernel's;
+// tests/test_cuda_epilogue.py checks it against the contract on the host).
 //
 // Shapes: any M and N (rows past the end load as zeros and are not stored); K % 16 == 0 (each
 // row's 16-byte chunks; chunks past K load as zeros). Build: NVRTC or nvcc for sm_90a.
@@ -20,6 +22,8 @@
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
+
+#include "linear_epilogue.cuh"  // inlined by backends/cuda/digit_gemm.py before NVRTC builds it
 
 #ifndef WGS
 #define WGS 2  // consumer warpgroups; BLOCK_M = 64 * WGS
@@ -29,6 +33,15 @@ typedef unsigned int u32;
 #endif
 #ifndef BN
 #define BN 32  // 32: 16 int32 a level a thread (96 for the six levels); 64: 32 (192, near the 255 limit)
+#endif
+#ifndef FINISH
+#define FINISH 0  // 1: the P3' epilogue (linear_epilogue.cuh) writes y in format OUT instead of C
+#endif
+#ifndef OUT
+#define OUT 0  // 0 fp32, 1 bf16, 2 fp16
+#endif
+#ifndef BIAS
+#define BIAS 0  // 0 none, 1 fp32, 2 bf16, 3 fp16
 #endif
 #ifndef LEVEL_SPLIT
 #define LEVEL_SPLIT 0  // 1 (with WGS 2): both warpgroups on the same 64 rows, levels 0-2 and 3-5
@@ -107,7 +120,8 @@ static __device__ __forceinline__ void fence_acc(int (&acc)[NLEV][NREG]) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict__ wd, i64* __restrict__ out,
-              int M, int N, int K) {
+              const i64* __restrict__ ex, const i64* __restrict__ ew, const void* __restrict__ bias,
+              void* __restrict__ y, int M, int N, int K) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // 1024-byte alignment of every tile (the swizzle pattern repeats every 8 rows of 128 bytes)
     unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
@@ -238,6 +252,37 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
 #pragma unroll
     for (int i = 0; i < NREG; ++i) c[i] += part[i * 128 + tid];
 #endif
+#if FINISH
+    // P3' per element: C * 2**(ex + ew - 47) rounded once to OUT (+ bias in fp32), NaN on sentinel rows
+    i64 exr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) exr[h] = row + 8 * h < M ? ex[row + 8 * h] : 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+            if (col >= N) continue;
+            const i64 ewc = ew[col];
+            float b = 0.0f;
+#if BIAS == 1
+            b = reinterpret_cast<const float*>(bias)[col];
+#elif BIAS == 2
+            b = rlk_bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
+#elif BIAS == 3
+            b = rlk_f16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
+#endif
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row + 8 * h;
+                if (r >= M) continue;
+                const u32 v = rlk_linear_out(c[4 * j + 2 * h + e], exr[h], ewc, b, BIAS != 0, OUT);
+                if (OUT == 0) reinterpret_cast<u32*>(y)[(long long)r * N + col] = v;
+                else reinterpret_cast<unsigned short*>(y)[(long long)r * N + col] = (unsigned short)v;
+            }
+        }
+    }
+#else
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + 8 * j + 2 * (lane % 4);  // even
@@ -257,5 +302,5 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
             }
         }
     }
+#endif
 }
-

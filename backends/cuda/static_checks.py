@@ -128,6 +128,9 @@ def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[
     if arch == ARCH and (not ops or "linear" in ops):  # linear's sm_90 wgmma digit GEMM (CUDA C, NVRTC)
         from .digit_gemm import CONFIG, static_check
 
-        passed, detail = static_check(CONFIG)
-        results.append(("linear", "sm_90/digit_gemm_sm90_w{}_n{}_s{}_l{}".format(*CONFIG), passed, detail))
+        # the int64 C, and the P3' epilogue to each output dtype (with a bias of another dtype, or none)
+        for variant in ((0, 0, 0), (1, 0, 1), (1, 1, 0), (1, 2, 3)):
+            passed, detail = static_check(CONFIG, variant)
+            name = "sm_90/digit_gemm_sm90_w{}_n{}_s{}_l{}".format(*CONFIG) + "_finish{}_out{}_bias{}".format(*variant)
+            results.append(("linear", name, passed, detail))
     return results

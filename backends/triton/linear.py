@@ -26,8 +26,9 @@
 
 Every product is an exact integer, so any tiling, K order or split gives the same ``C``. A target
 may name a vendor digit GEMM for the prefill path (``TritonTarget.digit_gemm``: on CUDA the sm_90
-wgmma kernel of ``backends/cuda/digit_gemm.py``, opt-in with ``RLKERNEL_WGMMA=1``): it writes that
-``C`` from the same digit planes and ``_linear_finish_kernel`` rounds it.
+wgmma kernel of ``backends/cuda/digit_gemm.py``, opt-in with ``RLKERNEL_WGMMA=1``): it computes that
+``C`` from the same digit planes and stores it, or rounds it in its own epilogue (the same P3'
+arithmetic in CUDA C, ``backends/cuda/linear_epilogue.cuh``).
 """
 
 from __future__ import annotations
@@ -395,13 +396,12 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     y = torch.empty((m, n), dtype=out_dtype if finish else torch.int64, device=x.device)
     if m == 0 or n == 0:
         return y, ex, ew
-    if vendor is not None:  # the int64 C, rounded by the finish kernel as after a K split
-        c = torch.empty((m, n), dtype=torch.int64, device=x.device) if finish else y
-        vendor.digit_gemm(xd, wd, c)
+    if vendor is not None:  # y through the kernel's own P3' epilogue, or the int64 C
         if finish:
-            assert out_dtype is not None
-            return _finish(c, ex, ew, bias, out_dtype), ex, ew
-        return c, ex, ew
+            vendor.digit_gemm_finish(xd, wd, ex.contiguous(), ew.contiguous(), bias, y)
+        else:
+            vendor.digit_gemm(xd, wd, y)
+        return y, ex, ew
     if k == 0:
         if finish:
             return _finish(torch.zeros((m, n), dtype=torch.int64, device=x.device),

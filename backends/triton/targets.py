@@ -63,7 +63,8 @@ class TritonTarget:
     linear_mid_few: tuple[int, int, int, int, int] | None = None
     #: module of a vendor digit GEMM for the prefill path (weight digit planes), used where its
     #: ``usable(device, K)`` says so: ``digit_gemm(xd, wd, out)`` writes the int64 ``C`` that
-    #: ``_linear_gemm_kernel`` would (the same integers), and the finish kernel rounds it; None: Triton's
+    #: ``_linear_gemm_kernel`` would (the same integers), ``digit_gemm_finish(xd, wd, ex, ew, bias, y)``
+    #: the output through the same P3' epilogue; None: Triton's
     digit_gemm: str | None = None
 
 
