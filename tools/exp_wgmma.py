@@ -11,7 +11,8 @@ any order gives the same bytes; poisoned output, so every element must be writte
 next to torch's bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and
 decode), a large square one and ragged ones (M, N off the tiles, K off the 128-deep step). Each
 configuration is also timed as a whole op with the weight's digit planes made once
-(``*_cached_planes_op_ms``: x digits, the wgmma GEMM, the finish), next to the op as it runs
+(``*_cached_planes_op_ms``: x digits, the wgmma GEMM with its own P3' epilogue, whose bf16 bytes
+are compared with the Triton finish of the Triton C: ``*_fused_equal``), next to the op as it runs
 (``product_op_ms``; at M <= 256 the decode/mid kernel, which makes the weight's digits in
 registers): the decode step's question is whether a weight-plane cache plus wgmma beats it::
 
@@ -78,6 +79,7 @@ def device_ms(fn, reps: int = 10) -> float:
 def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
     """One shape: the Triton kernel's int64 C on the op's digit planes, each CUDA configuration's C
     (poisoned output, compared byte for byte) and the device times, next to torch's bf16 matmul."""
+    from rlkernel.backends.cuda import digit_gemm as D
     from rlkernel.backends.triton import linear as L
     from rlkernel.backends.triton.targets import CUDA
 
@@ -117,12 +119,15 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
                 row[name + "_diff_count"] = int(len(bad))
             row[name + "_ms"] = device_ms(lambda fn=fn, cfg=cfg, out=out: launch(fn, cfg, xd, wd, out))
 
-            def cached_planes_op(fn=fn, cfg=cfg) -> None:  # weight planes made once (a cache), x per call
+            def cached_planes_op(cfg=cfg) -> torch.Tensor:  # weight planes made once (a cache), x per call
                 xd_, ex_ = L._digits(x)
-                c = torch.empty(m, n, dtype=torch.int64, device="cuda")
-                launch(fn, cfg, xd_, wd, c)
-                L._finish(c, ex_, ew, None, torch.bfloat16)
+                y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+                D.digit_gemm_finish(xd_, wd, ex_, ew, None, y, cfg)  # the kernel's own P3' epilogue
+                return y
 
+            # the fused epilogue's bytes against the Triton finish of the Triton C
+            want = L._finish(ref, ex, ew, None, torch.bfloat16)
+            row[name + "_fused_equal"] = bool(torch.equal(cached_planes_op().view(torch.int16), want.view(torch.int16)))
             # what a weight-plane cache would give the decode step (M <= 256) against product_op_ms
             row[name + "_cached_planes_op_ms"] = device_ms(cached_planes_op)
         except Exception as e:  # recorded: the next configuration still runs
