@@ -15,5 +15,4 @@ for name, path in _DIRS.items():
     packages.append(name)
     packages += [f"{name}.{sub}" for sub in find_packages(path)]
 
-# CUDA C sources that NVRTC builds at run time (backends/cuda/digit_gemm.py)
-setup(packages=packages, package_dir=_DIRS, package_data={"rlkernel.backends.cuda": ["*.cu"]})
+setup(packages=packages, package_dir=_DIRS)

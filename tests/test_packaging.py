@@ -78,3 +78,17 @@ def test_readme_test_extra_carries_what_the_tests_import() -> None:
         if name not in stdlib and name not in declared and not (ROOT / "tests" / f"{name}.py").exists():
             missing.add(name)
     assert not missing, f"tests import {sorted(missing)}, which '.[test]' does not install"
+
+
+def test_cuda_c_sources_are_package_data() -> None:
+    """The CUDA C that NVRTC builds at run time ships in the wheel: every .cu / .cuh under backends/
+    matches its package's package-data patterns (pyproject's table wins over setup.py's)."""
+    from fnmatch import fnmatch
+
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    sources = [p for p in (ROOT / "backends").rglob("*") if p.suffix in (".cu", ".cuh")]
+    assert sources, "no CUDA C sources found under backends/"
+    for path in sources:
+        package = "rlkernel.backends." + ".".join(path.parent.relative_to(ROOT / "backends").parts)
+        assert any(fnmatch(path.name, pattern) for pattern in data.get(package, [])), \
+            f"{path.relative_to(ROOT)} is not package data of {package} in pyproject.toml"
