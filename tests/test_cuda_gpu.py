@@ -365,3 +365,45 @@ def test_residual_add_is_the_fp32_add_rounded_once_on_the_gpu(dtype: torch.dtype
                                                 device="cuda")).view(dtype)
     for other in (b, near, -near):
         _assert_bitwise((a.float() + other.float()).to(dtype), residual_add(a, other), f"residual_add {dtype}")
+
+
+def _wgmma_candidates() -> list:
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    return D.CANDIDATES
+
+
+# last in this file: a configuration that hangs (an mbarrier never completing) stops only this test
+@pytest.mark.parametrize("cfg", _wgmma_candidates(), ids=lambda c: "w{}_n{}_s{}_l{}_p{}".format(*c))
+def test_wgmma_candidate_configs_equal_triton(cfg: tuple[int, int, int, int, int]) -> None:
+    """Every configuration the experiment times (``digit_gemm.CANDIDATES``: the level split, the
+    TMA producer warpgroup, ...) writes the Triton digit GEMM's int64 C into a poisoned output, and
+    its fused P3' epilogue the Triton finish's bytes, on ragged shapes (M and N off the tiles, odd
+    N, K off the 128-deep step, fewer rows than a tile) and the decode step's M = 256."""
+    from rlkernel.backends.cuda import digit_gemm as D
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton.targets import CUDA
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    for m, k, n in [(1000, 1040, 1000), (77, 2064, 4097), (130, 16, 33), (256, 3072, 1024), (5, 256, 200)]:
+        g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+        x = torch.randn(m, k, generator=g, device="cuda")
+        x[:, :4] *= 300.0
+        x[1 % m, 3] = float("inf")
+        x = x.to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+        bias = torch.randn(n, generator=g, device="cuda")
+        xd, ex = L._digits(x)
+        wd, ew = L._digits(w, activation=False)
+        ref = torch.empty(m, n, dtype=torch.int64, device="cuda")
+        L._launch_gemm(xd, ex, w, wd, ew, None, ref, k, CUDA.linear_prefill, w_digits=True, finish=False,
+                       atomic=False, out_code=0)
+        out = torch.full((m, n), -(2**62), dtype=torch.int64, device="cuda")
+        D.digit_gemm(xd, wd, out, cfg)
+        _assert_bitwise(ref, out, f"{D.name(cfg)} C vs Triton C, M={m} K={k} N={n}")
+        y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        D.digit_gemm_finish(xd, wd, ex, ew, bias, y, cfg)
+        want = L._finish(ref, ex, ew, bias, torch.bfloat16)
+        _assert_bitwise(want.view(torch.int16), y.view(torch.int16), f"{D.name(cfg)} fused bf16, M={m} K={k} N={n}")
+

@@ -126,6 +126,34 @@ def test_wgmma_digit_gemm_static_check_passes_and_can_fail(tmp_path, monkeypatch
     assert not passed and detail.startswith("build failed"), detail
 
 
+@pytest.mark.parametrize("variant", [(0, 0, 0), (1, 1, 2)], ids=["C", "bf16_bias_bf16"])
+def test_wgmma_candidate_configs_pass_static_check(variant: tuple[int, int, int]) -> None:
+    """Every configuration the experiment times and the GPU tests check (the TMA producer
+    warpgroup at BLOCK_N 64 included) builds for sm_90a without a GPU: its products in flight, no
+    spill (the producer's registers go to the consumers), no ptxas warning."""
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    for cfg in D.CANDIDATES:
+        passed, detail = D.static_check(cfg, variant)
+        assert passed, f"{D.name(cfg)}: {detail}"
+
+
+def test_wgmma_producer_check_fails_without_register_handover(tmp_path, monkeypatch) -> None:
+    """The producer configuration at BLOCK_N 64 holds 6 x 32 accumulators a consumer thread: without
+    ``setmaxnreg`` (168 registers for 384 threads) its static check fails."""
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    source = D.SOURCE.read_text()
+    assert 'setmaxnreg.inc.sync.aligned.u32 232;' in source
+    crippled = tmp_path / "no_setmaxnreg.cu"
+    text = source.replace('asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\\n" ::: "memory");', "")
+    assert text != source
+    crippled.write_text(text)
+    monkeypatch.setattr(D, "SOURCE", crippled)
+    passed, detail = D.static_check((2, 64, 2, 0, 1))
+    assert not passed and ("setmaxnreg" in detail or "spill" in detail), detail
+
+
 def test_wgmma_digit_gemm_is_used_only_where_it_runs(monkeypatch) -> None:
     """Not on the CPU, not for K off 16 bytes, not with RLKERNEL_WGMMA=0; bad operands are refused
     before any launch, with what was given."""

@@ -4,8 +4,9 @@
 Triton waits for every int8 wgmma dot (int32 accumulators are never left in flight by its
 pipeliner), which holds ``linear``'s twelve digit products near 40 % of the int8 peak. The CUDA
 kernel issues a K step's products (twelve per 32 of K) as one asynchronous group and loads the
-next stage meanwhile. For each configuration this tool builds it (the product's NVRTC build, or
-a cubin built elsewhere with ``nvcc -arch=sm_90a -cubin -DWGS=.. -DBN=.. -DSTAGES=.. -DLEVEL_SPLIT=..``),
+next stage meanwhile. For each configuration (``digit_gemm.CANDIDATES`` unless ``--config``) this
+tool builds it (the product's NVRTC build, or a cubin built elsewhere with ``nvcc -arch=sm_90a
+-cubin`` and ``digit_gemm.options``' macros),
 checks that its int64 ``C`` equals the Triton kernel's on the same digit planes (exact integers:
 any order gives the same bytes; poisoned output, so every element must be written), and times both,
 next to torch's bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.6B prefill and
@@ -16,7 +17,7 @@ are compared with the Triton finish of the Triton C: ``*_fused_equal``), next to
 (``product_op_ms``; at M <= 256 the decode/mid kernel, which makes the weight's digits in
 registers): the decode step's question is whether a weight-plane cache plus wgmma beats it::
 
-    python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES,SPLIT ...]
+    python tools/exp_wgmma.py OUT.json [--cubin DIR] [--config WGS,BN,STAGES,SPLIT,PRODUCER ...]
 
 Prints one line per shape and configuration; OUT.json has every figure.
 """
@@ -36,25 +37,21 @@ import torch
 SHAPES = [(16384, 1024, 4096), (16384, 2048, 1024), (16384, 1024, 6144), (16384, 3072, 1024),
           (256, 1024, 4096), (256, 3072, 1024), (256, 1024, 151936), (8192, 4096, 4096),
           (1000, 1040, 1000), (77, 2064, 4097), (130, 16, 33)]
-#: (warpgroups, BLOCK_N, stages, level split), 128-deep K steps: BLOCK_M = 64 x warpgroups, or 64
-#: with the level split (two warpgroups on the same rows, levels 0-2 and 3-5: half the accumulators
-#: a thread, so BLOCK_N 64 fits without spilling)
-CONFIGS = [(2, 32, 2, 0), (1, 32, 4, 0), (2, 64, 3, 1), (2, 64, 4, 1)]
 
 
-def build(cfg: tuple[int, int, int, int], cubin_dir: Path | None):
+def build(cfg: tuple[int, ...], cubin_dir: Path | None):
     """The kernel of one configuration: a prebuilt cubin from ``cubin_dir`` if there is one, else
     the product's NVRTC build (``backends/cuda/digit_gemm.py``)."""
     from rlkernel.backends.cuda import digit_gemm as D
     from rlkernel.backends.cuda.nvrtc import CudaKernel
 
-    cubin = cubin_dir / "wgmma_digit_gemm_w{}_n{}_s{}_l{}.cubin".format(*cfg) if cubin_dir else None
+    cubin = cubin_dir / f"wgmma_digit_gemm_{D.name(cfg)}.cubin" if cubin_dir else None
     if cubin is not None and cubin.is_file():
         return CudaKernel(cubin.read_bytes(), "digit_gemm_s8", D.shared_bytes(*cfg))
     return D.build(cfg)
 
 
-def launch(fn, cfg: tuple[int, int, int, int], xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
+def launch(fn, cfg: tuple[int, ...], xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor) -> None:
     """The product launcher's argument checks and grid, with kernel ``fn`` of configuration ``cfg``."""
     from rlkernel.backends.cuda import digit_gemm as D
 
@@ -107,7 +104,7 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
            # x digits + weight planes + the prefill kernel
            "product_op_ms": device_ms(product_op)}
     for cfg, fn in kernels.items():
-        name = "w{}_n{}_s{}_l{}".format(*cfg)
+        name = D.name(cfg)
         out = torch.full((m, n), -1, dtype=torch.int64, device="cuda")  # poisoned: every element must be written
         try:
             launch(fn, cfg, xd, wd, out)
@@ -139,10 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--cubin", type=Path,
-                   help="folder of prebuilt cubins (wgmma_digit_gemm_w<WGS>_n<BN>_s<STAGES>_l<SPLIT>.cubin)")
-    p.add_argument("--config", action="append", help=f"WGS,BN,STAGES,SPLIT (repeatable; default: {CONFIGS})")
+                   help="folder of prebuilt cubins (wgmma_digit_gemm_<digit_gemm.name(config)>.cubin)")
+    p.add_argument("--config", action="append",
+                   help="WGS,BN,STAGES,SPLIT,PRODUCER (repeatable; default: digit_gemm.CANDIDATES)")
     args = p.parse_args(argv)
-    configs = [tuple(int(v) for v in c.split(",")) for c in args.config] if args.config else CONFIGS
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.config] if args.config else D.CANDIDATES
     kernels, rows = {}, []
     for cfg in configs:
         try:

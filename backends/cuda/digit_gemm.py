@@ -21,12 +21,18 @@ from pathlib import Path
 
 import torch
 
-from .nvrtc import CudaKernel, compile_cubin, compile_program
+from .nvrtc import CudaKernel, compile_cubin, compile_program, tensor_map_u8
 
 SOURCE = Path(__file__).with_name("digit_gemm_sm90.cu")
-#: (consumer warpgroups, BLOCK_N, stages, level split): BLOCK_M = 64 x warpgroups, or 64 with the
-#: level split (two warpgroups on the same rows, levels 0-2 and 3-5)
-CONFIG = (2, 32, 2, 0)
+#: (consumer warpgroups, BLOCK_N, stages, level split, producer): BLOCK_M = 64 x warpgroups, or 64
+#: with the level split (two warpgroups on the same rows, levels 0-2 and 3-5); producer 1: one more
+#: warpgroup loads the stages with TMA behind mbarriers (warp-specialised; no level split)
+Config = tuple[int, int, int, int, int]
+CONFIG: Config = (2, 32, 2, 0, 0)
+#: the configurations tools/exp_wgmma.py times against each other and tests/test_cuda_gpu.py checks
+#: byte for byte (CONFIG first): 128 x 32 and 64 x 32 tiles; the level split at 64 x 64; the
+#: producer warpgroup at 128 x 64 (two stages: 176 KiB) and at 128 x 32 (four stages)
+CANDIDATES: list[Config] = [CONFIG, (1, 32, 4, 0, 0), (2, 64, 3, 1, 0), (2, 64, 2, 0, 1), (2, 32, 4, 0, 1)]
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
 K_ALIGN = 16
 #: ``RLKERNEL_WGMMA=1`` turns the kernel on, ``0`` off (the Triton digit GEMM runs: the same integers)
@@ -40,10 +46,16 @@ def block_m(wgs: int, split: int) -> int:
     return 64 if split else 64 * wgs
 
 
-def shared_bytes(wgs: int, bn: int, stages: int, split: int) -> int:
+def shared_bytes(wgs: int, bn: int, stages: int, split: int, producer: int = 0) -> int:
     """Dynamic shared memory: four x tiles and three weight tiles of 128-byte rows a stage, plus
-    1 KiB to align the tiles to the 128-byte swizzle's 1024-byte period."""
-    return stages * (4 * block_m(wgs, split) * 128 + 3 * bn * 128) + 1024
+    1 KiB to align the tiles to the 128-byte swizzle's 1024-byte period (and with a producer, two
+    8-byte mbarriers a stage)."""
+    return stages * (4 * block_m(wgs, split) * 128 + 3 * bn * 128) + 1024 + (16 * stages if producer else 0)
+
+
+def threads(config: Config) -> int:
+    """Threads a block: 128 a consumer warpgroup, and 128 for the producer's."""
+    return 128 * (config[0] + config[4])
 
 
 #: (FINISH, OUT, BIAS) of the kernel that stores the int64 C
@@ -63,17 +75,24 @@ def source() -> str:
     return text.replace(include, HEADER.read_text(), 1)
 
 
-def options(config: tuple[int, int, int, int], variant: tuple[int, int, int] = C_ONLY) -> list[str]:
-    """NVRTC options of one configuration and variant (FINISH, OUT, BIAS); sm_90a: ``wgmma`` needs the
-    architecture-specific target; FMA contraction off (R1: the epilogue's roundings are explicit)."""
-    wgs, bn, stages, split = config
+def options(config: Config, variant: tuple[int, int, int] = C_ONLY) -> list[str]:
+    """NVRTC options of one configuration and variant (FINISH, OUT, BIAS); sm_90a: ``wgmma`` and
+    ``setmaxnreg`` need the architecture-specific target; FMA contraction off (R1: the epilogue's
+    roundings are explicit)."""
+    wgs, bn, stages, split, producer = config
     finish, out, bias = variant
     return ["--gpu-architecture=sm_90a", "--std=c++17", "--fmad=false", f"-DWGS={wgs}", f"-DBN={bn}",
-            f"-DSTAGES={stages}", f"-DLEVEL_SPLIT={split}", f"-DFINISH={finish}", f"-DOUT={out}", f"-DBIAS={bias}"]
+            f"-DSTAGES={stages}", f"-DLEVEL_SPLIT={split}", f"-DPRODUCER={producer}", f"-DFINISH={finish}",
+            f"-DOUT={out}", f"-DBIAS={bias}"]
+
+
+def name(config: Config) -> str:
+    """A configuration's name in reports: ``w<WGS>_n<BN>_s<STAGES>_l<SPLIT>_p<PRODUCER>``."""
+    return "w{}_n{}_s{}_l{}_p{}".format(*config)
 
 
 @functools.cache
-def build(config: tuple[int, int, int, int] = CONFIG, variant: tuple[int, int, int] = C_ONLY) -> CudaKernel:
+def build(config: Config = CONFIG, variant: tuple[int, int, int] = C_ONLY) -> CudaKernel:
     """The kernel of one configuration and variant, built for sm_90a (NVRTC, cached on disk)."""
     try:
         cubin = compile_cubin(source(), "digit_gemm_sm90", options(config, variant))
@@ -102,19 +121,24 @@ def _check_planes(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor, what: s
         raise ValueError(f"digit_gemm: K={k} must be a multiple of {K_ALIGN} and every tensor 16-byte aligned")
 
 
-def _launch(kernel: CudaKernel, config: tuple[int, int, int, int], xd: torch.Tensor, wd: torch.Tensor,
+def _launch(kernel: CudaKernel, config: Config, xd: torch.Tensor, wd: torch.Tensor,
             pointers: list[int], device: torch.device) -> None:
     _, m, k = xd.shape
     n = wd.shape[1]
-    wgs, bn, _, split = config
-    grid = ((n + bn - 1) // bn, (m + block_m(wgs, split) - 1) // block_m(wgs, split), 1)
-    args = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr()), *[ctypes.c_void_p(p) for p in pointers],
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
-    kernel.launch(device, grid, 128 * wgs, args)
+    wgs, bn, _, split, producer = config
+    bm = block_m(wgs, split)
+    grid = ((n + bn - 1) // bn, (m + bm - 1) // bm, 1)
+    if producer:  # TMA descriptors of the planes [4, M, K] and [3, N, K]: 128 of K x a tile's rows x one plane
+        operands: list = [tensor_map_u8(xd.data_ptr(), (k, m, 4), (k, m * k), (128, bm, 1)),
+                          tensor_map_u8(wd.data_ptr(), (k, n, 3), (k, n * k), (128, bn, 1))]
+    else:
+        operands = [ctypes.c_void_p(xd.data_ptr()), ctypes.c_void_p(wd.data_ptr())]
+    args = [*operands, *[ctypes.c_void_p(p) for p in pointers], ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k)]
+    kernel.launch(device, grid, threads(config), args)
 
 
 def digit_gemm(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor,
-               config: tuple[int, int, int, int] = CONFIG, kernel: CudaKernel | None = None) -> None:
+               config: Config = CONFIG, kernel: CudaKernel | None = None) -> None:
     """``out`` int64 [M, N] (contiguous) = the exact product of the digit planes ``xd`` int8
     [4, M, K] and ``wd`` int8 [3, N, K] (both contiguous, 16-byte aligned, K % 16 == 0).
     ``kernel``: ``config``'s kernel built elsewhere (tools/exp_wgmma.py's prebuilt cubins)."""
@@ -123,7 +147,7 @@ def digit_gemm(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor,
 
 
 def digit_gemm_finish(xd: torch.Tensor, wd: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
-                      bias: torch.Tensor | None, y: torch.Tensor, config: tuple[int, int, int, int] = CONFIG) -> None:
+                      bias: torch.Tensor | None, y: torch.Tensor, config: Config = CONFIG) -> None:
     """``y`` [M, N] (fp32/bf16/fp16, contiguous) = linear's output from the same product: the P3'
     epilogue (``linear_epilogue.cuh``) rounds ``C * 2**(ex + ew - 47)`` once to y's dtype (with a
     bias [N] of any of the three dtypes: to fp32, + bias, then to y's dtype), NaN on sentinel rows;
@@ -142,11 +166,11 @@ def digit_gemm_finish(xd: torch.Tensor, wd: torch.Tensor, ex: torch.Tensor, ew: 
             [0, ex.data_ptr(), ew.data_ptr(), bias.data_ptr() if bias is not None else 0, y.data_ptr()], y.device)
 
 
-def static_check(config: tuple[int, int, int, int] = CONFIG, variant: tuple[int, int, int] = C_ONLY
-                 ) -> tuple[bool, str]:
+def static_check(config: Config = CONFIG, variant: tuple[int, int, int] = C_ONLY) -> tuple[bool, str]:
     """Build one configuration without a GPU and check what makes it exact and fast: the PTX has a
     K step's products (4 x 12, or 4 x 6 a warpgroup with the level split) as ``wgmma.mma_async``
-    with one ``wgmma.wait_group 1`` (products in flight), no forbidden instruction
+    with one ``wgmma.wait_group 1`` (products in flight), with a producer its TMA loads and
+    ``setmaxnreg``, no forbidden instruction
     (``static_checks.scan_ptx``), and ptxas reports no stack, no spills and no warning (it warns
     when it serialises wgmma). Returns (passed, detail)."""
     from .static_checks import scan_ptx
@@ -163,6 +187,11 @@ def static_check(config: tuple[int, int, int, int] = CONFIG, variant: tuple[int,
     waits = re.findall(r"\bwgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
     if sorted(waits) != ["0", "1"]:
         problems.append(f"wgmma waits {waits}, expected one wait_group 1 (in the K loop) and one 0 (after it)")
+    if config[4]:  # the producer: seven TMA loads a stage, registers handed to the consumers
+        loads = len(re.findall(r"\bcp\.async\.bulk\.tensor\.3d\.", ptx))
+        if loads != 7 or "setmaxnreg.inc.sync.aligned.u32" not in ptx:
+            problems.append(f"producer: {loads} TMA loads a stage (7 expected: 4 x planes, 3 weight planes) "
+                            f"or no setmaxnreg")
     if "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" not in log:
         problems.append("ptxas: stack or spills: " + " | ".join(ln.strip() for ln in log.splitlines() if "stack" in ln))
     problems += [f"ptxas: {ln.strip()}" for ln in log.splitlines() if "warning" in ln.lower()]

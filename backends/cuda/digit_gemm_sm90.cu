@@ -43,8 +43,14 @@ typedef unsigned int u32;
 #ifndef BIAS
 #define BIAS 0  // 0 none, 1 fp32, 2 bf16, 3 fp16
 #endif
+#ifndef PRODUCER
+#define PRODUCER 0  // 1: warp-specialised: one more warpgroup loads the stages with TMA behind mbarriers
+#endif
 #ifndef LEVEL_SPLIT
 #define LEVEL_SPLIT 0  // 1 (with WGS 2): both warpgroups on the same 64 rows, levels 0-2 and 3-5
+#endif
+#if PRODUCER && LEVEL_SPLIT
+#error "PRODUCER and LEVEL_SPLIT do not combine"
 #endif
 #if LEVEL_SPLIT
 #if WGS != 2
@@ -63,17 +69,19 @@ typedef unsigned int u32;
 #define A_TILE (BM * BK)
 #define B_TILE (BN * BK)
 #define STAGE_BYTES (XD * A_TILE + WD * B_TILE)
-#define THREADS (128 * WGS)
+#define THREADS (128 * (WGS + PRODUCER))
 
 static __device__ __forceinline__ u32 smem_addr(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
 }
 
+#if !PRODUCER
 // 16 bytes global -> shared, or 16 zero bytes where `valid` is false (src-size 0: nothing is read)
 static __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
+#endif
 
 // K-major tile of 128-byte rows, 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)),
 // 1024-byte aligned: start address, LBO 1 (unused), SBO 1024 (8 rows), layout type 1 (SW128).
@@ -118,6 +126,203 @@ static __device__ __forceinline__ void fence_acc(int (&acc)[NLEV][NREG]) {
         for (int i = 0; i < NREG; ++i) asm volatile("" : "+r"(acc[l][i])::"memory");
 }
 
+// one thread's part of the output tile: its C values (wgmma m64nBN fragment: rows `row` and
+// `row + 8`, columns n0 + 8j + 2(lane % 4) (+1)) stored as the int64 C, or with FINISH as y
+static __device__ __forceinline__ void store_tile(const i64 (&c)[NREG], int row, int n0, int lane, int M, int N,
+                                                  i64* __restrict__ out, const i64* __restrict__ ex,
+                                                  const i64* __restrict__ ew, const void* __restrict__ bias,
+                                                  void* __restrict__ y) {
+#if FINISH
+    // P3' per element: C * 2**(ex + ew - 47) rounded once to OUT (+ bias in fp32), NaN on sentinel rows
+    i64 exr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) exr[h] = row + 8 * h < M ? ex[row + 8 * h] : 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = n0 + 8 * j + 2 * (lane % 4) + e;
+            if (col >= N) continue;
+            const i64 ewc = ew[col];
+            float b = 0.0f;
+#if BIAS == 1
+            b = reinterpret_cast<const float*>(bias)[col];
+#elif BIAS == 2
+            b = rlk_bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
+#elif BIAS == 3
+            b = rlk_f16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
+#endif
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row + 8 * h;
+                if (r >= M) continue;
+                const u32 v = rlk_linear_out(c[4 * j + 2 * h + e], exr[h], ewc, b, BIAS != 0, OUT);
+                if (OUT == 0) reinterpret_cast<u32*>(y)[(long long)r * N + col] = v;
+                else reinterpret_cast<unsigned short*>(y)[(long long)r * N + col] = (unsigned short)v;
+            }
+        }
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * (lane % 4);  // even
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row + 8 * h;
+            if (r >= M || col >= N) continue;
+            i64* dst = out + (long long)r * N + col;
+            if ((N & 1) == 0) {  // col + 1 < N and 16-byte aligned
+                longlong2 v;
+                v.x = c[4 * j + 2 * h];
+                v.y = c[4 * j + 2 * h + 1];
+                *reinterpret_cast<longlong2*>(dst) = v;
+            } else {
+                dst[0] = c[4 * j + 2 * h];
+                if (col + 1 < N) dst[1] = c[4 * j + 2 * h + 1];
+            }
+        }
+    }
+#endif
+}
+
+#if PRODUCER
+// ---- warp-specialised variant: warpgroup 0 produces, warpgroups 1..WGS consume ---------------------
+// The stages are filled by the Tensor Memory Accelerator (cp.async.bulk.tensor, one thread), which
+// writes the same 128-byte-swizzled tiles (zeros outside the tensor) and signals an mbarrier with
+// the bytes it wrote; the consumers release a stage through a second mbarrier once the products
+// that read it are complete. The producer gives its registers to the consumers (setmaxnreg), which
+// lets BLOCK_N 64 keep its 6 x 32 accumulators a thread in registers.
+
+// a CUtensorMap (cuTensorMapEncodeTiled, 128 bytes, 64-byte aligned), passed by value
+struct __align__(64) TmaMap {
+    u64 words[16];
+};
+
+static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// until the phase of parity `parity` of the mbarrier has completed
+static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// the box (128 of K, rows, one plane) at (k, row, plane) of the tensor `map` into shared memory
+static __device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, int k, int row, int plane, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(k), "r"(row), "r"(plane), "r"(bar) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+digit_gemm_s8(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, i64* __restrict__ out,
+              const i64* __restrict__ ex, const i64* __restrict__ ew, const void* __restrict__ bias,
+              void* __restrict__ y, int M, int N, int K) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
+    // after the stages: STAGES "full" barriers (the producer's bytes landed), then STAGES "empty" ones
+    const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
+    const int tid = threadIdx.x;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int m0 = blockIdx.y * BM;
+    const int n0 = blockIdx.x * BN;
+    const int ksteps = (K + BK - 1) / BK;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);                       // the producer's arrive + the TMA bytes
+            mbar_init(bars + 8 * (STAGES + s), 4 * WGS);      // one arrive a consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 0) {
+            for (int kt = 0; kt < ksteps; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) - 1) & 1);
+                const u32 full = bars + 8 * s;
+                mbar_expect_tx(full, STAGE_BYTES);
+                const u32 base = smem_addr(smem + s * STAGE_BYTES);
+#pragma unroll
+                for (int d = 0; d < XD; ++d) tma_load(base + d * A_TILE, &xmap, kt * BK, m0, d, full);
+#pragma unroll
+                for (int d = 0; d < WD; ++d) tma_load(base + XD * A_TILE + d * B_TILE, &wmap, kt * BK, n0, d, full);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1;  // consumer warpgroup: rows m0 + 64 cw ..
+    int acc[NLEV][NREG];
+#pragma unroll
+    for (int l = 0; l < NLEV; ++l)
+#pragma unroll
+        for (int i = 0; i < NREG; ++i) acc[l][i] = 0;
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+
+    for (int kt = 0; kt < ksteps; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+        const u32 a_base = smem_addr(smem + s * STAGE_BYTES) + cw * 64 * 128;
+        const u32 b_base = smem_addr(smem + s * STAGE_BYTES + XD * A_TILE);
+        fence_acc(acc);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 32; ++kk) {
+            u64 a[XD], b[WD];
+#pragma unroll
+            for (int d = 0; d < XD; ++d) a[d] = make_desc(a_base + d * A_TILE) + 2 * kk;
+#pragma unroll
+            for (int d = 0; d < WD; ++d) b[d] = make_desc(b_base + d * B_TILE) + 2 * kk;
+            wgmma_s8(acc[0], a[0], b[0]);
+            wgmma_s8(acc[1], a[0], b[1]);
+            wgmma_s8(acc[2], a[0], b[2]);
+            wgmma_s8(acc[3], a[1], b[2]);
+            wgmma_s8(acc[4], a[2], b[2]);
+            wgmma_s8(acc[5], a[3], b[2]);
+            wgmma_s8(acc[1], a[1], b[0]);
+            wgmma_s8(acc[2], a[1], b[1]);
+            wgmma_s8(acc[3], a[2], b[1]);
+            wgmma_s8(acc[4], a[3], b[1]);
+            wgmma_s8(acc[2], a[2], b[0]);
+            wgmma_s8(acc[3], a[3], b[0]);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        fence_acc(acc);
+        // the previous step's products are complete in this warp: release its stage
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_acc(acc);
+
+    const int row = m0 + cw * 64 + 16 * warp + lane / 4;
+    i64 c[NREG];
+#pragma unroll
+    for (int i = 0; i < NREG; ++i) {
+        c[i] = 0;
+#pragma unroll
+        for (int l = 0; l < NLEV; ++l) c[i] += (i64)acc[l][i] * (1LL << (7 * l));
+    }
+    store_tile(c, row, n0, lane, M, N, out, ex, ew, bias, y);
+}
+
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict__ wd, i64* __restrict__ out,
               const i64* __restrict__ ex, const i64* __restrict__ ew, const void* __restrict__ bias,
@@ -252,55 +457,6 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
 #pragma unroll
     for (int i = 0; i < NREG; ++i) c[i] += part[i * 128 + tid];
 #endif
-#if FINISH
-    // P3' per element: C * 2**(ex + ew - 47) rounded once to OUT (+ bias in fp32), NaN on sentinel rows
-    i64 exr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) exr[h] = row + 8 * h < M ? ex[row + 8 * h] : 0;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int col = n0 + 8 * j + 2 * (lane % 4) + e;
-            if (col >= N) continue;
-            const i64 ewc = ew[col];
-            float b = 0.0f;
-#if BIAS == 1
-            b = reinterpret_cast<const float*>(bias)[col];
-#elif BIAS == 2
-            b = rlk_bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
-#elif BIAS == 3
-            b = rlk_f16_bits_to_f32(reinterpret_cast<const unsigned short*>(bias)[col]);
-#endif
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = row + 8 * h;
-                if (r >= M) continue;
-                const u32 v = rlk_linear_out(c[4 * j + 2 * h + e], exr[h], ewc, b, BIAS != 0, OUT);
-                if (OUT == 0) reinterpret_cast<u32*>(y)[(long long)r * N + col] = v;
-                else reinterpret_cast<unsigned short*>(y)[(long long)r * N + col] = (unsigned short)v;
-            }
-        }
-    }
-#else
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-        const int col = n0 + 8 * j + 2 * (lane % 4);  // even
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row + 8 * h;
-            if (r >= M || col >= N) continue;
-            i64* dst = out + (long long)r * N + col;
-            if ((N & 1) == 0) {  // col + 1 < N and 16-byte aligned
-                longlong2 v;
-                v.x = c[4 * j + 2 * h];
-                v.y = c[4 * j + 2 * h + 1];
-                *reinterpret_cast<longlong2*>(dst) = v;
-            } else {
-                dst[0] = c[4 * j + 2 * h];
-                if (col + 1 < N) dst[1] = c[4 * j + 2 * h + 1];
-            }
-        }
-    }
-#endif
+    store_tile(c, row, n0, lane, M, N, out, ex, ew, bias, y);
 }
+#endif  // PRODUCER

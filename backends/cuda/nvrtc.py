@@ -172,3 +172,23 @@ class CudaKernel:
             _ensure_context(index)
             _check(_driver().cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, self.shared_bytes, stream,
                                             params, None), f"cuLaunchKernel({self.function})")
+
+
+#: CUtensorMap: 16 64-bit words (CU_TENSOR_MAP_NUM_QWORDS), passed to a kernel by value
+TensorMap = ctypes.c_uint64 * 16
+
+
+def tensor_map_u8(ptr: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> TensorMap:
+    """A TMA descriptor (``cuTensorMapEncodeTiled``) of an int8/uint8 tensor at ``ptr``: ``dims``
+    innermost first (elements), ``strides`` of the outer dimensions (bytes, multiples of 16), a
+    ``box`` whose innermost extent is 128 bytes, loaded with the 128-byte swizzle (16-byte chunk c
+    of row r at chunk c ^ (r % 8)); elements outside the tensor load as zeros."""
+    rank = len(dims)
+    tmap = TensorMap()
+    u64s, u32s = ctypes.c_uint64 * rank, ctypes.c_uint32 * rank
+    # data type UINT8 = 0, interleave NONE = 0, swizzle 128B = 3, L2 promotion 128B = 2, OOB fill NONE = 0
+    _check(_driver().cuTensorMapEncodeTiled(ctypes.byref(tmap), 0, rank, ctypes.c_void_p(ptr), u64s(*dims),
+                                            (ctypes.c_uint64 * (rank - 1))(*strides), u32s(*box), u32s(*[1] * rank),
+                                            0, 3, 2, 0), f"cuTensorMapEncodeTiled(dims={dims}, box={box})")
+    return tmap
+
