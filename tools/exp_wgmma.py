@@ -13,7 +13,8 @@ next to torch's bf16 matmul, at the shapes of the end-to-end benchmark (Qwen3-0.
 decode), a large square one and ragged ones (M, N off the tiles, K off the 128-deep step). Each
 configuration is also timed as a whole op with the weight's digit planes made once
 (``*_cached_planes_op_ms``: x digits, the wgmma GEMM with its own P3' epilogue, whose bf16 bytes
-are compared with the Triton finish of the Triton C: ``*_fused_equal``), next to the op as it runs
+are compared with the Triton finish of the Triton C: ``*_fused_equal``) and with both operands'
+planes made at each call (``*_percall_planes_op_ms``), next to the op as it runs
 (``product_op_ms``; at M <= 256 the decode/mid kernel, which makes the weight's digits in
 registers): the decode step's question is whether a weight-plane cache plus wgmma beats it::
 
@@ -127,6 +128,16 @@ def measure(m: int, k: int, n: int, kernels: dict, g: torch.Generator) -> dict:
             row[name + "_fused_equal"] = bool(torch.equal(cached_planes_op().view(torch.int16), want.view(torch.int16)))
             # what a weight-plane cache would give the decode step (M <= 256) against product_op_ms
             row[name + "_cached_planes_op_ms"] = device_ms(cached_planes_op)
+
+            def percall_planes_op(cfg=cfg) -> torch.Tensor:  # the prefill path's work: both operands' planes
+                xd_, ex_ = L._digits(x)
+                wd_, _ = L._digits(w, ew, activation=False)
+                y = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+                D.digit_gemm_finish(xd_, wd_, ex_, ew, None, y, cfg)
+                return y
+
+            # without a cache: the weight's planes made at every call (M <= 256: against product_op_ms)
+            row[name + "_percall_planes_op_ms"] = device_ms(percall_planes_op)
         except Exception as e:  # recorded: the next configuration still runs
             row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return row
