@@ -31,8 +31,10 @@ Config = tuple[int, int, int, int, int]
 CONFIG: Config = (2, 32, 2, 0, 0)
 #: the configurations tools/exp_wgmma.py times against each other and tests/test_cuda_gpu.py checks
 #: byte for byte (CONFIG first): 128 x 32 and 64 x 32 tiles; the level split at 64 x 64; the
-#: producer warpgroup at 128 x 64 (two stages: 176 KiB) and at 128 x 32 (four stages)
-CANDIDATES: list[Config] = [CONFIG, (1, 32, 4, 0, 0), (2, 64, 3, 1, 0), (2, 64, 2, 0, 1), (2, 32, 4, 0, 1)]
+#: producer warpgroup at 128 x 64 (two stages: 176 KiB) and at 64 x 64 (three stages: 169 KiB)
+CANDIDATES: list[Config] = [CONFIG, (1, 32, 4, 0, 0), (2, 64, 3, 1, 0), (2, 64, 2, 0, 1), (1, 64, 3, 0, 1)]
+#: dynamic shared memory a block may have on sm_90 (227 KiB)
+MAX_SHARED = 232448
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
 K_ALIGN = 16
 #: ``RLKERNEL_WGMMA=1`` turns the kernel on, ``0`` off (the Triton digit GEMM runs: the same integers)
@@ -170,7 +172,7 @@ def static_check(config: Config = CONFIG, variant: tuple[int, int, int] = C_ONLY
     """Build one configuration without a GPU and check what makes it exact and fast: the PTX has a
     K step's products (4 x 12, or 4 x 6 a warpgroup with the level split) as ``wgmma.mma_async``
     with one ``wgmma.wait_group 1`` (products in flight), with a producer its TMA loads and
-    ``setmaxnreg``, no forbidden instruction
+    ``setmaxnreg``, shared memory within sm_90's 227 KiB, no forbidden instruction
     (``static_checks.scan_ptx``), and ptxas reports no stack, no spills and no warning (it warns
     when it serialises wgmma). Returns (passed, detail)."""
     from .static_checks import scan_ptx
@@ -180,6 +182,8 @@ def static_check(config: Config = CONFIG, variant: tuple[int, int, int] = C_ONLY
     except Exception as exc:  # reported as a failed check, with the reason
         return False, f"build failed: {type(exc).__name__}: {str(exc)[:500]}"
     problems = scan_ptx(ptx)
+    if shared_bytes(*config) > MAX_SHARED:
+        problems.append(f"{shared_bytes(*config)} bytes of shared memory, above sm_90's {MAX_SHARED}")
     products = len(re.findall(r"\bwgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.s32\.s8\.s8\b", ptx))
     expected = 4 * (6 if config[3] else 12)
     if products != expected:
