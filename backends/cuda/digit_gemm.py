@@ -33,6 +33,10 @@ CONFIG: Config = (2, 32, 2, 0, 0)
 #: byte for byte (CONFIG first): 128 x 32 and 64 x 32 tiles; the level split at 64 x 64; the
 #: producer warpgroup at 128 x 64 (two stages: 176 KiB) and at 64 x 64 (three stages: 169 KiB)
 CANDIDATES: list[Config] = [CONFIG, (1, 32, 4, 0, 0), (2, 64, 3, 1, 0), (2, 64, 2, 0, 1), (1, 64, 3, 0, 1)]
+#: where CONFIG's 128-row blocks would leave SMs idle (``config_for``)
+SMALL_M_CONFIG: Config = (1, 32, 4, 0, 0)
+#: ``RLKERNEL_WGMMA_MID=1``: the rows between the decode and prefill sizes run this kernel too
+MID_ENV = "RLKERNEL_WGMMA_MID"
 #: dynamic shared memory a block may have on sm_90 (227 KiB)
 MAX_SHARED = 232448
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
@@ -113,6 +117,25 @@ def usable(device: torch.device, k: int) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def usable_mid() -> bool:
+    """Whether linear's rows between the decode and prefill sizes (64 < M <= 256: a decode step of
+    many sequences) run this kernel too, on weight planes made per call, instead of the Triton
+    kernel that makes the weight's digits in registers: ``RLKERNEL_WGMMA_MID=1`` (off by default
+    until a device run shows it faster)."""
+    return os.environ.get(MID_ENV, "0") == "1"
+
+
+def config_for(m: int, n: int, device: torch.device) -> Config:
+    """The configuration of one launch: ``CONFIG``, or its 64-row sibling (1, 32, 4, 0, 0) where
+    ``CONFIG``'s 128-row blocks would leave SMs idle (a decode step's M = 256 at N = 1024)."""
+    bm = block_m(CONFIG[0], CONFIG[3])
+    blocks = -(-m // bm) * -(-n // CONFIG[1])
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if bm > 64 and blocks < torch.cuda.get_device_properties(index).multi_processor_count:
+        return SMALL_M_CONFIG
+    return CONFIG
+
+
 def _check_planes(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor, what: str) -> None:
     _, m, k = xd.shape
     n = wd.shape[1]
@@ -140,20 +163,23 @@ def _launch(kernel: CudaKernel, config: Config, xd: torch.Tensor, wd: torch.Tens
 
 
 def digit_gemm(xd: torch.Tensor, wd: torch.Tensor, out: torch.Tensor,
-               config: Config = CONFIG, kernel: CudaKernel | None = None) -> None:
+               config: Config | None = None, kernel: CudaKernel | None = None) -> None:
     """``out`` int64 [M, N] (contiguous) = the exact product of the digit planes ``xd`` int8
     [4, M, K] and ``wd`` int8 [3, N, K] (both contiguous, 16-byte aligned, K % 16 == 0).
-    ``kernel``: ``config``'s kernel built elsewhere (tools/exp_wgmma.py's prebuilt cubins)."""
+    ``config``: default :func:`config_for` the shape; ``kernel``: ``config``'s kernel built
+    elsewhere (tools/exp_wgmma.py's prebuilt cubins)."""
     _check_planes(xd, wd, out, "out")
+    config = config or config_for(out.shape[0], out.shape[1], out.device)
     _launch(kernel or build(config), config, xd, wd, [out.data_ptr(), 0, 0, 0, 0], out.device)
 
 
 def digit_gemm_finish(xd: torch.Tensor, wd: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
-                      bias: torch.Tensor | None, y: torch.Tensor, config: Config = CONFIG) -> None:
+                      bias: torch.Tensor | None, y: torch.Tensor, config: Config | None = None) -> None:
     """``y`` [M, N] (fp32/bf16/fp16, contiguous) = linear's output from the same product: the P3'
     epilogue (``linear_epilogue.cuh``) rounds ``C * 2**(ex + ew - 47)`` once to y's dtype (with a
     bias [N] of any of the three dtypes: to fp32, + bias, then to y's dtype), NaN on sentinel rows;
-    ``ex`` int64 [M], ``ew`` int64 [N] contiguous. The int64 C is never written."""
+    ``ex`` int64 [M], ``ew`` int64 [N] contiguous; ``config`` as in :func:`digit_gemm`. The int64 C
+    is never written."""
     _check_planes(xd, wd, y, "y")
     m, n = y.shape
     if ex.shape != (m,) or ew.shape != (n,) or not (ex.is_contiguous() and ew.is_contiguous()) \
@@ -164,6 +190,7 @@ def digit_gemm_finish(xd: torch.Tensor, wd: torch.Tensor, ex: torch.Tensor, ew: 
         raise ValueError(f"digit_gemm_finish: a contiguous bias [{n}] of fp32/bf16/fp16 expected; got "
                          f"{bias.dtype} {tuple(bias.shape)}")
     variant = (1, OUT_CODES[y.dtype], BIAS_CODES[bias.dtype] if bias is not None else 0)
+    config = config or config_for(m, n, y.device)
     _launch(build(config, variant), config, xd, wd,
             [0, ex.data_ptr(), ew.data_ptr(), bias.data_ptr() if bias is not None else 0, y.data_ptr()], y.device)
 

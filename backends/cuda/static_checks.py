@@ -126,11 +126,13 @@ def static_checks(ops: list[str] | None = None, arch: int = ARCH) -> list[tuple[
         detail = "; ".join(findings[:5]) + (f" (+{len(findings) - 5} more)" if len(findings) > 5 else "")
         results.append((op, name, not findings, detail or f"clean ({len(ptx.splitlines())} PTX lines)"))
     if arch == ARCH and (not ops or "linear" in ops):  # linear's sm_90 wgmma digit GEMM (CUDA C, NVRTC)
-        from .digit_gemm import CONFIG, name, static_check
+        from .digit_gemm import CONFIG, SMALL_M_CONFIG, name, static_check
 
-        # the int64 C, and the P3' epilogue to each output dtype (with a bias of another dtype, or none)
-        for variant in ((0, 0, 0), (1, 0, 1), (1, 1, 0), (1, 2, 3)):
-            passed, detail = static_check(CONFIG, variant)
-            label = f"sm_90/digit_gemm_sm90_{name(CONFIG)}" + "_finish{}_out{}_bias{}".format(*variant)
-            results.append(("linear", label, passed, detail))
+        # the int64 C, and the P3' epilogue to each output dtype (with a bias of another dtype, or
+        # none), for both configurations the product launches
+        for config in (CONFIG, SMALL_M_CONFIG):
+            for variant in ((0, 0, 0), (1, 0, 1), (1, 1, 0), (1, 2, 3)):
+                passed, detail = static_check(config, variant)
+                label = f"sm_90/digit_gemm_sm90_{name(config)}" + "_finish{}_out{}_bias{}".format(*variant)
+                results.append(("linear", label, passed, detail))
     return results

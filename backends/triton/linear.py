@@ -378,8 +378,11 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     finish = out_dtype is not None
     half = weight.dtype in (torch.bfloat16, torch.float16)
     decode = m <= DECODE_MAX_M and half
-    # between the decode and prefill sizes, the decode kernel at the target's mid tile (no weight planes)
+    # between the decode and prefill sizes, the decode kernel at the target's mid tile (no weight
+    # planes), unless the target's vendor GEMM takes these sizes too (weight planes made per call)
     mid = not decode and half and m <= MID_MAX_M and target.linear_mid is not None
+    vendor = None if decode or m == 0 or n == 0 else _vendor_gemm(target, x.device, k, mid)
+    mid = mid and vendor is None
     if x_planes is not None and ex_given is not None:
         xd, ex = x_planes, ex_given
     else:
@@ -390,7 +393,6 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
         dispatch.note_kernel("triton-int8-decode")
     else:
         wd, ew = _digits(weight, ew_given, activation=False)
-    vendor = None if decode or mid or m == 0 or n == 0 else _vendor_gemm(target, x.device, k)
     if not (decode or mid):
         dispatch.note_kernel("triton-int8" if vendor is None else "cuda-wgmma-int8")
     y = torch.empty((m, n), dtype=out_dtype if finish else torch.int64, device=x.device)
@@ -426,12 +428,13 @@ def _vendor_module(name: str):
     return importlib.import_module(name)
 
 
-def _vendor_gemm(target: TritonTarget, device: torch.device, k: int):
-    """``target``'s vendor digit GEMM module where it runs on ``device`` at this K, else None."""
+def _vendor_gemm(target: TritonTarget, device: torch.device, k: int, mid: bool = False):
+    """``target``'s vendor digit GEMM module where it runs on ``device`` at this K (and, for the
+    rows between the decode and prefill sizes, where it takes those too), else None."""
     if target.digit_gemm is None:
         return None
     module = _vendor_module(target.digit_gemm)
-    return module if module.usable(device, k) else None
+    return module if module.usable(device, k) and (not mid or module.usable_mid()) else None
 
 
 def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,
