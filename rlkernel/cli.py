@@ -57,10 +57,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                 from rlkernel.backends.cuda import digit_gemm
 
                 on = digit_gemm.usable(torch.device("cuda", i), 1024)
-                mid = on and digit_gemm.usable_mid()
                 print(f"    linear prefill digit GEMM: {'sm_90 wgmma (CUDA C, NVRTC)' if on else 'Triton'} "
-                      f"({digit_gemm.ENV}={'1' if on else '0'}; the same integers either way); rows 65-256: "
-                      f"{'wgmma' if mid else 'Triton'} ({digit_gemm.MID_ENV}={'1' if mid else '0'})")
+                      f"({digit_gemm.ENV}={'1' if on else '0'}; the same integers either way)"
+                      + (f"; rows 65-256 too from N = {digit_gemm.MID_MIN_N}" if on else ""))
     print("backends:")
     try:
         from rlkernel.registry import all_backends, probe_results

@@ -367,12 +367,12 @@ def test_residual_add_is_the_fp32_add_rounded_once_on_the_gpu(dtype: torch.dtype
         _assert_bitwise((a.float() + other.float()).to(dtype), residual_add(a, other), f"residual_add {dtype}")
 
 
-@pytest.mark.parametrize("m, n", [(256, 1024), (128, 4096), (65, 152), (200, 1000)])
+@pytest.mark.parametrize("m, n", [(256, 1024), (128, 4096), (65, 16384), (200, 20001)])
 def test_wgmma_mid_rows_equal_the_mid_kernel(m: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With RLKERNEL_WGMMA_MID=1 the rows between the decode and prefill sizes (a decode step of
-    many sequences) run the wgmma kernel on weight planes made per call, in the 64-row
-    configuration where 128-row blocks would leave SMs idle: the same bits as the mid kernel (bf16
-    weight, digits in registers), with the exponents given as the decode graphs give them."""
+    """The rows between the decode and prefill sizes (a decode step of many sequences) run the
+    wgmma kernel on weight planes made per call from MID_MIN_N output columns (the LM head), the
+    mid kernel (bf16 weight, digits in registers) below: the same bits either way, with the
+    exponents given as the decode graphs give them."""
     from rlkernel import dispatch
     from rlkernel.backends.cuda import digit_gemm as D
     from rlkernel.backends.triton import linear as L
@@ -387,14 +387,14 @@ def test_wgmma_mid_rows_equal_the_mid_kernel(m: int, n: int, monkeypatch: pytest
     x = x.to(torch.bfloat16)
     w = (torch.randn(n, 1024, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     ew = L.linear_exponents(x[:0], w)[1]
-    monkeypatch.setenv(D.ENV, "1")
-    monkeypatch.setenv(D.MID_ENV, "0")
-    want = L.linear(x, w, None, torch.bfloat16, ew, target=CUDA)
+    monkeypatch.setenv(D.ENV, "0")
+    want = L.linear(x, w, None, torch.float32, ew, target=CUDA)
     assert (dispatch.last_kernel() or "").endswith("[triton-int8-decode]"), dispatch.last_kernel()
-    monkeypatch.setenv(D.MID_ENV, "1")
-    got = L.linear(x, w, None, torch.bfloat16, ew, target=CUDA)
-    assert (dispatch.last_kernel() or "").endswith("[cuda-wgmma-int8]"), dispatch.last_kernel()
-    _assert_bitwise(want.view(torch.int16), got.view(torch.int16), f"linear M={m} N={n}: wgmma (mid) vs mid kernel")
+    monkeypatch.setenv(D.ENV, "1")
+    got = L.linear(x, w, None, torch.float32, ew, target=CUDA)
+    path = "[cuda-wgmma-int8]" if D.usable_mid(n) else "[triton-int8-decode]"
+    assert (dispatch.last_kernel() or "").endswith(path), dispatch.last_kernel()
+    _assert_bitwise(want.view(torch.int32), got.view(torch.int32), f"linear M={m} N={n}: {path} vs mid kernel")
 
 
 def _wgmma_candidates() -> list:

@@ -178,23 +178,23 @@ def test_wgmma_digit_gemm_is_used_only_where_it_runs(monkeypatch) -> None:
                             torch.zeros(8, dtype=torch.float64), y)
 
 
-def test_wgmma_mid_rows_opt_in_and_config_by_shape(monkeypatch) -> None:
-    """The decode step's rows take the wgmma kernel only with RLKERNEL_WGMMA_MID=1; a launch whose
-    128-row blocks would not fill the SMs (M = 256, N = 1024 on 132 SMs) takes the 64-row
-    configuration, the others the default one."""
+def test_wgmma_mid_rows_and_config_by_shape(monkeypatch) -> None:
+    """The decode step's rows take the wgmma kernel from MID_MIN_N output columns (the LM head)
+    only; a launch whose 128-row blocks would fill at most a third of the SMs (M = 256, N = 1024 on
+    132 SMs) takes the 64-row configuration, the others the default one."""
     import types
 
     import torch
 
     from rlkernel.backends.cuda import digit_gemm as D
 
-    monkeypatch.delenv(D.MID_ENV, raising=False)
-    assert not D.usable_mid()
-    monkeypatch.setenv(D.MID_ENV, "1")
-    assert D.usable_mid()
+    assert not D.usable_mid(6144) and D.usable_mid(151936)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(multi_processor_count=132))
     cuda0 = torch.device("cuda", 0)
     assert D.config_for(256, 1024, cuda0) == D.SMALL_M_CONFIG
+    assert D.config_for(300, 99, cuda0) == D.SMALL_M_CONFIG
+    assert D.config_for(77, 4097, cuda0) == D.CONFIG  # 65 blocks: measured faster than the 64-row one
     assert D.config_for(256, 4096, cuda0) == D.CONFIG
     assert D.config_for(16384, 1024, cuda0) == D.CONFIG
     assert D.block_m(D.SMALL_M_CONFIG[0], D.SMALL_M_CONFIG[3]) == 64
+    assert D.CONFIG in D.CANDIDATES and D.SMALL_M_CONFIG in D.CANDIDATES

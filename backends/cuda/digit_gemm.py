@@ -28,15 +28,21 @@ SOURCE = Path(__file__).with_name("digit_gemm_sm90.cu")
 #: with the level split (two warpgroups on the same rows, levels 0-2 and 3-5); producer 1: one more
 #: warpgroup loads the stages with TMA behind mbarriers (warp-specialised; no level split)
 Config = tuple[int, int, int, int, int]
-CONFIG: Config = (2, 32, 2, 0, 0)
-#: the configurations tools/exp_wgmma.py times against each other and tests/test_cuda_gpu.py checks
-#: byte for byte (CONFIG first): 128 x 32 and 64 x 32 tiles; the level split at 64 x 64; the
-#: producer warpgroup at 128 x 64 (two stages: 176 KiB) and at 64 x 64 (three stages: 169 KiB)
-CANDIDATES: list[Config] = [CONFIG, (1, 32, 4, 0, 0), (2, 64, 3, 1, 0), (2, 64, 2, 0, 1), (1, 64, 3, 0, 1)]
-#: where CONFIG's 128-row blocks would leave SMs idle (``config_for``)
+#: the producer warpgroup at 128 x 64, two stages (176 KiB): on an H100 at 8192 x 4096 x 4096
+#: 2.77 ms against 7.57 for (2, 32, 2, 0, 0) and 4.19 for Triton's kernel, 1.19 P int8 op/s
+#: (docs/bench/issue12-session16.md, h100-exp-wgmma-df7439c.json)
+CONFIG: Config = (2, 64, 2, 0, 1)
+#: where CONFIG's 128-row blocks would fill at most a third of the SMs (``config_for``): one
+#: warpgroup, 64 x 32, four stages (M = 256, N = 1024, K = 3072 on the H100: 0.094 ms against 0.105)
 SMALL_M_CONFIG: Config = (1, 32, 4, 0, 0)
-#: ``RLKERNEL_WGMMA_MID=1``: the rows between the decode and prefill sizes run this kernel too
-MID_ENV = "RLKERNEL_WGMMA_MID"
+#: the configurations tools/exp_wgmma.py times against each other and tests/test_cuda_gpu.py checks
+#: byte for byte: the two above; 128 x 32 without a producer; the level split at 64 x 64; the
+#: producer at 64 x 64 (three stages: 169 KiB)
+CANDIDATES: list[Config] = [CONFIG, SMALL_M_CONFIG, (2, 32, 2, 0, 0), (2, 64, 3, 1, 0), (1, 64, 3, 0, 1)]
+#: rows between the decode and prefill sizes (64 < M <= 256) run this kernel, on weight planes made
+#: per call, from this many output columns (the LM head of a decode step: 1.48 ms against the mid
+#: kernel's 1.97 at M = 256, N = 151 936 on the H100; at N <= 6144 the mid kernel is as fast or faster)
+MID_MIN_N = 16384
 #: dynamic shared memory a block may have on sm_90 (227 KiB)
 MAX_SHARED = 232448
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
@@ -117,21 +123,20 @@ def usable(device: torch.device, k: int) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def usable_mid() -> bool:
+def usable_mid(n: int) -> bool:
     """Whether linear's rows between the decode and prefill sizes (64 < M <= 256: a decode step of
-    many sequences) run this kernel too, on weight planes made per call, instead of the Triton
-    kernel that makes the weight's digits in registers: ``RLKERNEL_WGMMA_MID=1`` (off by default
-    until a device run shows it faster)."""
-    return os.environ.get(MID_ENV, "0") == "1"
+    many sequences) with ``n`` output columns run this kernel too (where :func:`usable`), on weight
+    planes made per call, instead of the Triton kernel that makes the weight's digits in registers:
+    from ``MID_MIN_N`` columns (the LM head), where the measurement shows it faster."""
+    return n >= MID_MIN_N
 
 
 def config_for(m: int, n: int, device: torch.device) -> Config:
-    """The configuration of one launch: ``CONFIG``, or its 64-row sibling (1, 32, 4, 0, 0) where
-    ``CONFIG``'s 128-row blocks would leave SMs idle (a decode step's M = 256 at N = 1024)."""
-    bm = block_m(CONFIG[0], CONFIG[3])
-    blocks = -(-m // bm) * -(-n // CONFIG[1])
+    """The configuration of one launch: ``CONFIG``, or ``SMALL_M_CONFIG`` where ``CONFIG``'s blocks
+    would fill at most a third of the SMs (a decode step's M = 256 at N = 1024)."""
+    blocks = -(-m // block_m(CONFIG[0], CONFIG[3])) * -(-n // CONFIG[1])
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if bm > 64 and blocks < torch.cuda.get_device_properties(index).multi_processor_count:
+    if 3 * blocks <= torch.cuda.get_device_properties(index).multi_processor_count:
         return SMALL_M_CONFIG
     return CONFIG
 

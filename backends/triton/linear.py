@@ -381,7 +381,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     # between the decode and prefill sizes, the decode kernel at the target's mid tile (no weight
     # planes), unless the target's vendor GEMM takes these sizes too (weight planes made per call)
     mid = not decode and half and m <= MID_MAX_M and target.linear_mid is not None
-    vendor = None if decode or m == 0 or n == 0 else _vendor_gemm(target, x.device, k, mid)
+    vendor = None if decode or m == 0 or n == 0 else _vendor_gemm(target, x.device, k, n, mid)
     mid = mid and vendor is None
     if x_planes is not None and ex_given is not None:
         xd, ex = x_planes, ex_given
@@ -428,13 +428,13 @@ def _vendor_module(name: str):
     return importlib.import_module(name)
 
 
-def _vendor_gemm(target: TritonTarget, device: torch.device, k: int, mid: bool = False):
+def _vendor_gemm(target: TritonTarget, device: torch.device, k: int, n: int, mid: bool = False):
     """``target``'s vendor digit GEMM module where it runs on ``device`` at this K (and, for the
-    rows between the decode and prefill sizes, where it takes those too), else None."""
+    rows between the decode and prefill sizes, where it takes those at N output columns), else None."""
     if target.digit_gemm is None:
         return None
     module = _vendor_module(target.digit_gemm)
-    return module if module.usable(device, k) and (not mid or module.usable_mid()) else None
+    return module if module.usable(device, k) and (not mid or module.usable_mid(n)) else None
 
 
 def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,
