@@ -126,6 +126,24 @@ static __device__ __forceinline__ void fence_acc(int (&acc)[NLEV][NREG]) {
         for (int i = 0; i < NREG; ++i) asm volatile("" : "+r"(acc[l][i])::"memory");
 }
 
+#if !LEVEL_SPLIT
+// the twelve digit products of 32 of K: X_a @ W_b into level a + b, for every a < 4, b < 3
+static __device__ __forceinline__ void twelve_products(int (&acc)[NLEV][NREG], const u64 (&a)[XD], const u64 (&b)[WD]) {
+    wgmma_s8(acc[0], a[0], b[0]);
+    wgmma_s8(acc[1], a[0], b[1]);
+    wgmma_s8(acc[2], a[0], b[2]);
+    wgmma_s8(acc[3], a[1], b[2]);
+    wgmma_s8(acc[4], a[2], b[2]);
+    wgmma_s8(acc[5], a[3], b[2]);
+    wgmma_s8(acc[1], a[1], b[0]);
+    wgmma_s8(acc[2], a[1], b[1]);
+    wgmma_s8(acc[3], a[2], b[1]);
+    wgmma_s8(acc[4], a[3], b[1]);
+    wgmma_s8(acc[2], a[2], b[0]);
+    wgmma_s8(acc[3], a[3], b[0]);
+}
+#endif
+
 // one thread's part of the output tile: its C values (wgmma m64nBN fragment: rows `row` and
 // `row + 8`, columns n0 + 8j + 2(lane % 4) (+1)) stored as the int64 C, or with FINISH as y
 static __device__ __forceinline__ void store_tile(const i64 (&c)[NREG], int row, int n0, int lane, int M, int N,
@@ -289,18 +307,7 @@ digit_gemm_s8(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMa
             for (int d = 0; d < XD; ++d) a[d] = make_desc(a_base + d * A_TILE) + 2 * kk;
 #pragma unroll
             for (int d = 0; d < WD; ++d) b[d] = make_desc(b_base + d * B_TILE) + 2 * kk;
-            wgmma_s8(acc[0], a[0], b[0]);
-            wgmma_s8(acc[1], a[0], b[1]);
-            wgmma_s8(acc[2], a[0], b[2]);
-            wgmma_s8(acc[3], a[1], b[2]);
-            wgmma_s8(acc[4], a[2], b[2]);
-            wgmma_s8(acc[5], a[3], b[2]);
-            wgmma_s8(acc[1], a[1], b[0]);
-            wgmma_s8(acc[2], a[1], b[1]);
-            wgmma_s8(acc[3], a[2], b[1]);
-            wgmma_s8(acc[4], a[3], b[1]);
-            wgmma_s8(acc[2], a[2], b[0]);
-            wgmma_s8(acc[3], a[3], b[0]);
+            twelve_products(acc, a, b);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         fence_acc(acc);
@@ -401,18 +408,7 @@ digit_gemm_s8(const signed char* __restrict__ xd, const signed char* __restrict_
             wgmma_s8(acc[2], hi ? a[2] : a[1], hi ? b[1] : b[1]);
             wgmma_s8(acc[2], hi ? a[3] : a[2], hi ? b[0] : b[0]);
 #else
-            wgmma_s8(acc[0], a[0], b[0]);
-            wgmma_s8(acc[1], a[0], b[1]);
-            wgmma_s8(acc[2], a[0], b[2]);
-            wgmma_s8(acc[3], a[1], b[2]);
-            wgmma_s8(acc[4], a[2], b[2]);
-            wgmma_s8(acc[5], a[3], b[2]);
-            wgmma_s8(acc[1], a[1], b[0]);
-            wgmma_s8(acc[2], a[1], b[1]);
-            wgmma_s8(acc[3], a[2], b[1]);
-            wgmma_s8(acc[4], a[3], b[1]);
-            wgmma_s8(acc[2], a[2], b[0]);
-            wgmma_s8(acc[3], a[3], b[0]);
+            twelve_products(acc, a, b);
 #endif
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
