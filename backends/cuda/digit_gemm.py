@@ -40,8 +40,9 @@ SMALL_M_CONFIG: Config = (1, 32, 4, 0, 0)
 #: producer at 64 x 64 (three stages: 169 KiB)
 CANDIDATES: list[Config] = [CONFIG, SMALL_M_CONFIG, (2, 32, 2, 0, 0), (2, 64, 3, 1, 0), (1, 64, 3, 0, 1)]
 #: rows between the decode and prefill sizes (64 < M <= 256) run this kernel, on weight planes made
-#: per call, from this many output columns (the LM head of a decode step: 1.48 ms against the mid
-#: kernel's 1.97 at M = 256, N = 151 936 on the H100; at N <= 6144 the mid kernel is as fast or faster)
+#: per call, from this many output columns: the LM head of a decode step (1.48 ms against the mid
+#: kernel's 1.97 at M = 256, N = 151 936 on the H100); at N = 1024 and 4096 the mid kernel was as fast
+#: or faster. Between those widths nothing was measured: the bound keeps the layers' widths out
 MID_MIN_N = 16384
 #: dynamic shared memory a block may have on sm_90 (227 KiB)
 MAX_SHARED = 232448
@@ -49,8 +50,9 @@ MAX_SHARED = 232448
 K_ALIGN = 16
 #: ``RLKERNEL_WGMMA=1`` turns the kernel on, ``0`` off (the Triton digit GEMM runs: the same integers)
 ENV = "RLKERNEL_WGMMA"
-#: the setting when ``RLKERNEL_WGMMA`` is unset: off until a device run has proved the kernel
-#: (conformance and tests/test_cuda_gpu.py on an H100/H200); it is built and statically checked only
+#: the setting when ``RLKERNEL_WGMMA`` is unset: off until the default configuration has passed the
+#: conformance suite on a device (an H100 ran linear's cases with the kernel on and the GPU tests of
+#: every configuration at df7439c, before the producer became CONFIG)
 DEFAULT = "0"
 
 
