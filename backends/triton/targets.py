@@ -62,7 +62,8 @@ class TritonTarget:
     #: per SM (narrow outputs: more warps a tile hide more latency); None: ``linear_mid``
     linear_mid_few: tuple[int, int, int, int, int] | None = None
     #: module of a vendor digit GEMM for the prefill path (weight digit planes), used where its
-    #: ``usable(device, K)`` says so: ``digit_gemm(xd, wd, out)`` writes the int64 ``C`` that
+    #: ``usable(device, K)`` says so, and for the mid rows where ``usable_mid(N)`` also does (weight
+    #: planes made per call): ``digit_gemm(xd, wd, out)`` writes the int64 ``C`` that
     #: ``_linear_gemm_kernel`` would (the same integers), ``digit_gemm_finish(xd, wd, ex, ew, bias, y)``
     #: the output through the same P3' epilogue; None: Triton's
     digit_gemm: str | None = None
