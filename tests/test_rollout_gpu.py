@@ -7,6 +7,8 @@ Marked ``gpu``; skipped where torch sees no CUDA device (run on the H200 with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from qwen3_tiny import assert_same_bits, random_weights, tiny_config, write_checkpoint
@@ -26,6 +28,9 @@ PROMPT_LENS = [5, 1, 17, 3, 9, 33, 2, 12, 7, 4, 21, 6]
 PARAMS = [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, max_tokens=12, n=2, seed=100 + i)
           if i % 3 else SamplingParams(temperature=0.0, max_tokens=9, n=2)
           for i in range(len(PROMPT_LENS))]
+#: PARAMS with a seed on every request: an engine draws the seeds of unseeded requests from its own
+#: generator in the order they come, so engines that have served different requests compare only on these
+SEEDED = [replace(sp, seed=200 + i) if sp.seed is None else sp for i, sp in enumerate(PARAMS)]
 
 
 @pytest.fixture(scope="module")
@@ -107,22 +112,22 @@ def test_graph_weight_exponents_follow_weight_updates(path, prompts) -> None:
     llm = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24)
     graphs = llm.model_runner.graphs
     assert graphs is not None and graphs.exponents is not None
-    llm.generate(prompts, PARAMS)
+    llm.generate(prompts, SEEDED)
     g = torch.Generator(device="cuda").manual_seed(5)
     for layer in model.model.layers:  # rows scaled by 2**-3 .. 2**3: every row's exponent moves
         for lin in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
             scale = 2.0 ** torch.randint(-3, 4, (lin.weight.shape[0], 1), generator=g, device="cuda")
             lin.weight.data.mul_(scale.to(lin.weight.dtype))
-    outs = llm.generate(prompts, PARAMS)
+    outs = llm.generate(prompts, SEEDED)
     assert graphs.replays > 0
     with torch.no_grad():
-        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, PARAMS)
+        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, SEEDED)
     assert_same_outputs(eager, outs, "graphs after a .data weight update vs eager")
     with torch.no_grad():
         model.model.layers[1].mlp.gate_up_proj.weight.mul_(0.25)  # moves the version counter
     refreshes = graphs.exponents.refreshes
-    outs = llm.generate(prompts, PARAMS)
+    outs = llm.generate(prompts, SEEDED)
     assert graphs.exponents.refreshes > refreshes
     with torch.no_grad():
-        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, PARAMS)
+        eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, SEEDED)
     assert_same_outputs(eager, outs, "graphs after an in-place update vs eager")
