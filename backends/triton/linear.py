@@ -26,7 +26,7 @@
 
 Every product is an exact integer, so any tiling, K order or split gives the same ``C``. A target
 may name a vendor digit GEMM for the prefill path (``TritonTarget.digit_gemm``: on CUDA the sm_90
-wgmma kernel of ``backends/cuda/digit_gemm.py``, opt-in with ``RLKERNEL_WGMMA=1``): it computes that
+wgmma kernel of ``backends/cuda/digit_gemm.py``, on unless ``RLKERNEL_WGMMA=0``): it computes that
 ``C`` from the same digit planes and stores it, or rounds it in its own epilogue (the same P3'
 arithmetic in CUDA C, ``backends/cuda/linear_epilogue.cuh``).
 """

@@ -76,7 +76,7 @@ CUDA = TritonTarget(
     # same bits: 7-15 % faster at M >= 2048 of Qwen3-8B shapes, 2 % slower at 16384 x 3072 x 1024
     # (tools/exp_linear_tiles.py, docs/bench/h200-linear-tiles-45b4539.json)
     linear_prefill=(128, 64, 64, 8, 3),
-    # sm_90, opt-in (RLKERNEL_WGMMA=1): int8 wgmma products kept in flight, which Triton's pipeliner does not do
+    # sm_90, on by default (RLKERNEL_WGMMA=0: off): int8 wgmma products kept in flight (Triton does not)
     digit_gemm="rlkernel.backends.cuda.digit_gemm",
     linear_decode=(32, 128, 4, 2),
     split_k_waves=4,
