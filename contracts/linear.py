@@ -48,7 +48,11 @@ an empty K-slice (so a shard that holds only zeros of a row never raises that ro
 exponent). ``linear_partial`` returns ``C`` on the grids of the given exponents (which
 must be at least each row's own exponent; sentinel rows contribute 0). ``linear_finish``
 applies the last two bullets to an int64 ``acc`` and gives NaN where ``ex_i`` or ``ew_j`` is the
-sentinel.
+sentinel. ``linear_weight_digits`` returns ``ew`` and the weight's grid integers ``Wt`` as three
+balanced base-128 digits, int8 ``[3, N, K]`` with ``Wt = d0 + 128 d1 + 16384 d2``: ``d0 = ((Wt +
+64) mod 128) - 64``, ``d1`` the same of ``(Wt - d0) / 128``, ``d2`` the rest (``d0, d1`` in [-64,
+63], ``d2`` in [-64, 64]); sentinel rows give zeros. ``linear`` may be given them (with ``ew``) in
+place of the weight's own, made once for weights that do not change (a rollout's CUDA graphs).
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ CONTRACT = Contract(
         "sentinel": "linear_exponents gives SENTINEL = 2**20 for a row holding NaN or +-inf; linear_partial and "
                     "linear_finish read that value as a non-finite row",
         "nonfinite_rows": "a NaN or +-inf in row i of x or row j of weight makes y_ij NaN, and only those",
+        "weight_digits": "linear_weight_digits splits each Wt into balanced base-128 digits, low first: "
+                         "d0 = ((Wt + 64) mod 128) - 64 and d1 likewise in [-64, 63], d2 the rest in [-64, 64]; "
+                         "int8 [3, N, K], zeros on sentinel rows",
         "output_rounding": "C * 2**(ex + ew - 47) rounded once, to nearest, ties to even, straight to out_dtype "
                            "(P3'; never through fp32 or float64 first)",
         "scale_exponent": "the scale 2**(ex + ew - 47) = 2**(ex + ew - X_BITS - W_BITS)",
@@ -278,9 +285,45 @@ def reference_finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias
     return y.reshape(acc.shape[:-1] + (n,))
 
 
+def reference_weight_digits(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ew [N], digits [3, N, K])``: the weight's row exponents and its grid integers as three
+    balanced base-128 digits.
+
+    Parameters
+    ----------
+    weight : Tensor, bfloat16/float16, [N, K]
+
+    Returns
+    -------
+    ew : Tensor, int64, [N]
+        As ``linear_exponents`` gives them.
+    digits : Tensor, int8, [3, N, K]
+        ``Wt = digits[0] + 128 digits[1] + 16384 digits[2]`` with ``Wt = RNE(w 2**(20 - ew))``.
+
+    Bitwise semantics
+    -----------------
+    ``d0 = ((Wt + 64) mod 128) - 64``, ``r = (Wt - d0) / 128``, ``d1 = ((r + 64) mod 128) - 64``,
+    ``d2 = (r - d1) / 128`` (exact integer divisions); ``|Wt| <= 2**20`` puts ``d2`` in [-64, 64].
+    Rows holding NaN/inf (sentinel ``ew``) give zeros.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"linear_weight_digits: weight must be [N, K]; got shape {tuple(weight.shape)}")
+    _check_k("linear_weight_digits", weight.shape[-1])
+    ew = _exponents(weight)
+    g = _grid_or_raise("linear_weight_digits", "ew", weight, ew, W_BITS)
+    digits = []
+    for _ in range(2):
+        d = torch.remainder(g + 64, 128) - 64
+        digits.append(d)
+        g = torch.div(g - d, 128, rounding_mode="floor")
+    digits.append(g)
+    return ew, torch.stack(digits).to(torch.int8)
+
+
 REFERENCES = {
     "linear": reference,
     "linear_exponents": reference_exponents,
+    "linear_weight_digits": reference_weight_digits,
     "linear_partial": reference_partial,
     "linear_finish": reference_finish,
 }
@@ -346,6 +389,10 @@ def golden_cases() -> list[Case]:
                        lambda: {"x": normal(_seed("exp", "x"), (17, 256), 1.0, BF16),
                                 "weight": normal(_seed("exp", "w"), (32, 256), 0.05, BF16)},
                        op="linear_exponents"))
+    for dtype, tag in ((BF16, "bf16"), (FP16, "fp16")):
+        cases.append(_case(f"weight_digits_n96_k1040_{tag}", "golden",
+                           lambda dtype=dtype, tag=tag: {"weight": normal(_seed("wd", tag), (96, 1040), 0.05, dtype)},
+                           op="linear_weight_digits"))
     cases.append(_case("partial_m17_k256_n32_bf16_global_grid", "golden", lambda: _partial_inputs("p_bf16", BF16),
                        op="linear_partial"))
     cases.append(_case("partial_m9_k256_n32_fp16_global_grid", "golden", lambda: _partial_inputs("p_fp16", FP16),
@@ -570,6 +617,23 @@ def adversarial_cases() -> list[Case]:
         op="linear_exponents")
     add("exponents_k0", lambda: {"x": torch.zeros((3, 0), dtype=BF16), "weight": torch.zeros((2, 0), dtype=BF16)},
         op="linear_exponents")
+    def digits_special_rows() -> dict[str, Any]:
+        w = nonfinite(BF16)["weight"]  # rows 1 and 3 hold NaN / inf
+        w[4] = -0.0
+        w[5] = 0.0
+        return {"weight": w}
+
+    add("weight_digits_nonfinite_zero_rows", digits_special_rows, op="linear_weight_digits")
+    add("weight_digits_k0", lambda: {"weight": torch.zeros((3, 0), dtype=FP16)}, op="linear_weight_digits")
+
+    def digit_boundaries() -> dict[str, Any]:
+        # the row max 2 - 2**-7 sets a grid of 2**19 per unit and Wt = 2**20 - 2**12 (d2 = 64); the rest,
+        # in grid units: every digit at and next to its ends, and ties of the grid rounding
+        units = [63, 64, -64, -63, 65, -65, 127, 128, 8064, 8128, 8192, -8192, 0.5, 1.5, 2.5, -0.5, -1.5]
+        row = torch.tensor([2 - 2.0**-7, -(2 - 2.0**-7)] + [u * 2.0**-19 for u in units], dtype=FP32)
+        return {"weight": torch.stack([row, -row, row * 0.75, row * 2.0**-100]).to(BF16)}
+
+    add("weight_digits_boundaries_bf16", digit_boundaries, op="linear_weight_digits")
 
     def partial_sentinel() -> dict[str, Any]:
         d = nonfinite(BF16)

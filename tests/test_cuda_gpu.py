@@ -397,6 +397,39 @@ def test_wgmma_mid_rows_equal_the_mid_kernel(m: int, n: int, monkeypatch: pytest
     _assert_bitwise(want.view(torch.int32), got.view(torch.int32), f"linear M={m} N={n}: {path} vs mid kernel")
 
 
+@pytest.mark.parametrize("m, n", [(256, 4096), (100, 6144), (65, 4097), (256, 1024), (300, 4096)])
+def test_given_weight_digits_equal_the_op_without_them(m: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``linear`` given the weight's exponents and digit planes (as the decode graphs hold them): the
+    wgmma kernel reads the planes at 65-256 rows from CACHED_MID_MIN_N columns, the mid kernel runs
+    below that width, the prefill path reads them above 256 rows; the bytes of the op without them,
+    with the kernel on and off, through the public op (which checks the planes) with a bias."""
+    import rlkernel
+    from rlkernel import dispatch
+    from rlkernel.backends.cuda import digit_gemm as D
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    g = torch.Generator(device="cuda").manual_seed(7 * m + n)
+    x = torch.randn(m, 1024, generator=g, device="cuda")
+    x[:, 5] *= 700.0
+    x[m // 3, 2] = float("inf")
+    x = x.to(torch.bfloat16)
+    w = (torch.randn(n, 1024, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    w[3] = 0.0
+    w[n - 2, 100] = float("nan")
+    b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
+    ew, wd = rlkernel.ops.linear_weight_digits(w)
+    for flag in ("1", "0"):
+        monkeypatch.setenv(D.ENV, flag)
+        want = rlkernel.ops.linear(x, w, b)
+        got = rlkernel.ops.linear(x, w, b, weight_exponents=ew, weight_digits=wd)
+        ran = dispatch.last_kernel() or ""
+        if flag == "1" and 64 < m <= 256:
+            path = "[cuda-wgmma-int8]" if D.usable_mid(n, True) else "[triton-int8-decode]"
+            assert ran.endswith(path), ran
+        _assert_bitwise(want.view(torch.int16), got.view(torch.int16), f"M={m} N={n} {D.ENV}={flag}: {ran}")
+
+
 def _wgmma_candidates() -> list:
     from rlkernel.backends.cuda import digit_gemm as D
 

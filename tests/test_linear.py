@@ -16,7 +16,15 @@ from rlkernel.contracts import linear as contract
 from rlkernel.contracts._exact import superacc
 from rlkernel.contracts._gen import normal, seed_of, with_outlier_channels
 from rlkernel.ops.all_reduce import all_reduce
-from rlkernel.ops.linear import SENTINEL, ZERO_EXP, linear, linear_exponents, linear_finish, linear_partial
+from rlkernel.ops.linear import (
+    SENTINEL,
+    ZERO_EXP,
+    linear,
+    linear_exponents,
+    linear_finish,
+    linear_partial,
+    linear_weight_digits,
+)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -244,6 +252,42 @@ def test_given_weight_exponents_give_the_same_bits_and_are_checked() -> None:
         linear(x, w, weight_exponents=ew[:8])
     with pytest.raises(TypeError, match="weight_exponents"):
         linear(x, w, weight_exponents=ew.tolist())
+
+
+def test_given_weight_digits_give_the_same_bits_and_are_checked() -> None:
+    """``weight_digits`` with ``weight_exponents`` (the decode graphs' planes): the op's bits without
+    them; ``linear_weight_digits`` gives the contract's digits (they rebuild the grid integers) with a
+    weight that requires grad; stale, misshapen or lone digits are refused with the fix."""
+    x, w = _data("given_wd", 6, 96, 9, outliers=500.0)
+    w[4] = 0.0
+    w[7, 5] = float("nan")
+    b = normal(seed_of("test_linear", "given_wd_b"), (9,), 0.5, FP32)
+    ew, wd = linear_weight_digits(w.clone().requires_grad_(True))
+    assert wd.dtype == torch.int8 and tuple(wd.shape) == (3, 9, 96)
+    ref_ew, ref_wd = contract.reference_weight_digits(w)
+    assert torch.equal(ew, ref_ew) and torch.equal(wd, ref_wd)
+    live = ew != SENTINEL
+    grid = wd[0].long() + 128 * wd[1].long() + 16384 * wd[2].long()
+    scale = torch.pow(2.0, (20 - ew[live]).double()).unsqueeze(1)
+    assert torch.equal(grid[live], torch.round(w[live].double() * scale).long())
+    assert not wd[:, 7].any() and int(wd[:2].min()) >= -64 and int(wd[:2].max()) <= 63
+    for out in (None, FP32):
+        assert_bits_equal(linear(x, w, b, out), linear(x, w, b, out, weight_exponents=ew, weight_digits=wd),
+                          f"out={out}")
+    stale = wd.clone()
+    stale[1, 3, 10] += 1
+    with pytest.raises(ValueError, match=r"weight_digits differ from the digits of row 3 .*linear_weight_digits"):
+        linear(x, w, weight_exponents=ew, weight_digits=stale)
+    with pytest.raises(ValueError, match="weight_digits was given without weight_exponents"):
+        linear(x, w, weight_digits=wd)
+    with pytest.raises(ValueError, match=r"weight_digits has shape \(3, 9, 95\); expected \[3, 9, 96\]"):
+        linear(x, w, weight_exponents=ew, weight_digits=wd[..., :95])
+    with pytest.raises(TypeError, match="weight_digits"):
+        linear(x, w, weight_exponents=ew, weight_digits=wd.to(torch.int16))
+    with pytest.raises(TypeError, match="float32"):
+        linear_weight_digits(w.float())
+    with pytest.raises(ValueError, match=r"\[N, K\]"):
+        linear_weight_digits(w[0])
 
 
 # ----------------------------------------------------------------------------- invariances

@@ -293,6 +293,40 @@ def test_padded_decode_buffers_keep_the_bits(model, prompts, baseline) -> None:
     assert runner.graphs.exponents is not None and runner.graphs.exponents.refreshes == 2  # built, generate
 
 
+def test_decode_graph_weight_digits_follow_weight_changes(tmp_path, prompts) -> None:
+    """With ``weight_digits`` the decode buffers also hold every weight's digit planes, refreshed with
+    the exponents (by ``generate`` after a ``.data`` write), and the outputs are those of an engine
+    without them; engines off sm_90 do not hold them unless asked."""
+    from rlkernel.ops import linear_weight_digits
+    from rlkernel.rollout.cuda_graph import DecodeGraphs
+    from rlkernel.rollout.weight_exponents import digits_bytes, reads_digits
+
+    config = tiny_config()
+    model = load_checkpoint(write_checkpoint(tmp_path, config, random_weights(config, seed=1)))
+    assert not reads_digits(torch.device("cpu"))
+    assert LLM(model, num_blocks=8, block_size=4, max_num_seqs=2).weight_digits is False  # eager on the CPU
+    llm = LLM(model, num_blocks=40, block_size=4, max_num_seqs=7)
+    runner = llm.model_runner
+    runner.kv_cache = model.allocate_kv_cache(40 + DecodeGraphs.padding_blocks(7, 4), 4)
+    runner.graphs = graphs = DecodeGraphs(model, runner.kv_cache, 7, llm.max_model_len, first_pad_block=40,
+                                          capture=False, weight_digits=True)
+    exps = graphs.exponents
+    assert exps is not None and exps.digits is not None
+    assert sum(d.numel() for d in exps.digits) == digits_bytes(model)
+    baseline = LLM(model, num_blocks=64, block_size=4, max_num_seqs=16).generate(prompts, PARAMS)
+    assert_same_outputs(baseline, llm.generate(prompts, PARAMS), "decode with the weights' digit planes")
+    down = model.model.layers[1].mlp.down_proj
+    down.weight.data[:3].mul_(-0.5)  # .data: the next generate refreshes the planes
+    outs = llm.generate(prompts, PARAMS)
+    i = exps.layers.index(down)
+    assert torch.equal(exps.digits[i], linear_weight_digits(down.weight)[1])
+    fresh = LLM(model, num_blocks=64, block_size=4, max_num_seqs=16).generate(prompts, PARAMS)
+    assert_same_outputs(fresh, outs, "digit planes after a .data weight change")
+    with exps.active():
+        assert down.weight_digits is exps.digits[i] and down.weight_exponents is exps.buffers[i]
+    assert down.weight_digits is None and down.weight_exponents is None
+
+
 def test_decode_graph_weight_exponents_follow_weight_changes(tmp_path, prompts) -> None:
     """The decode path holds the linear weights' exponents in buffers: refreshed by every
     ``generate`` (a ``.data`` write between calls), by a decode step after an in-place update that

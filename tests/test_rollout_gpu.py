@@ -112,6 +112,8 @@ def test_graph_weight_exponents_follow_weight_updates(path, prompts) -> None:
     llm = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24)
     graphs = llm.model_runner.graphs
     assert graphs is not None and graphs.exponents is not None
+    # the digit planes too where linear's wgmma kernel reads them (sm_90)
+    assert (graphs.exponents.digits is not None) == (torch.cuda.get_device_capability() == (9, 0)) == llm.weight_digits
     llm.generate(prompts, SEEDED)
     g = torch.Generator(device="cuda").manual_seed(5)
     for layer in model.model.layers:  # rows scaled by 2**-3 .. 2**3: every row's exponent moves
@@ -131,3 +133,23 @@ def test_graph_weight_exponents_follow_weight_updates(path, prompts) -> None:
     with torch.no_grad():
         eager = LLM(model, num_blocks=128, block_size=16, max_num_seqs=24, enforce_eager=True).generate(prompts, SEEDED)
     assert_same_outputs(eager, outs, "graphs after an in-place update vs eager")
+
+
+def test_weight_digits_at_qwen3_widths_replay_eager_bits(tmp_path) -> None:
+    """One layer at Qwen3-0.6B's widths (qkv 4096 and gate_up 6144 output columns), 80 sequences: the
+    decode graphs of 65-96 rows run linear's wgmma kernel on the held digit planes (sm_90) and give
+    the eager engine's bits; an engine told not to hold them gives the same."""
+    config = tiny_config(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=128, num_hidden_layers=1)
+    model = load_checkpoint(write_checkpoint(tmp_path, config, random_weights(config, seed=6)), device="cuda")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (80,), generator=g)]
+    params = SamplingParams(temperature=0.9, max_tokens=6, seed=21)
+    with torch.no_grad():
+        eager = LLM(model, num_blocks=256, block_size=16, max_num_seqs=96, enforce_eager=True).generate(prompts, params)
+    llm = LLM(model, num_blocks=256, block_size=16, max_num_seqs=96)
+    assert llm.weight_digits == (torch.cuda.get_device_capability() == (9, 0))
+    assert_same_outputs(eager, llm.generate(prompts, params), "graphs with digit planes vs eager")
+    plain = LLM(model, num_blocks=256, block_size=16, max_num_seqs=96, weight_digits=False)
+    assert not plain.weight_digits
+    assert_same_outputs(eager, plain.generate(prompts, params), "graphs without digit planes vs eager")

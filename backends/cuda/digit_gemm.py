@@ -44,6 +44,10 @@ CANDIDATES: list[Config] = [CONFIG, SMALL_M_CONFIG, (2, 32, 2, 0, 0), (2, 64, 3,
 #: kernel's 1.97 at M = 256, N = 151 936 on the H100); at N = 1024 and 4096 the mid kernel was as fast
 #: or faster. Between those widths nothing was measured: the bound keeps the layers' widths out
 MID_MIN_N = 16384
+#: the same with the weight's planes made once by the caller: M = 256, K = 1024, N = 4096 took 0.125 ms
+#: against the mid kernel's 0.161 (H100, df7439c, ``tools/exp_wgmma.py``'s cached column); N = 1024
+#: (o_proj, down_proj) is not measured, so stays on the mid kernel
+CACHED_MID_MIN_N = 4096
 #: dynamic shared memory a block may have on sm_90 (227 KiB)
 MAX_SHARED = 232448
 #: K multiple of this: every row of a digit plane starts 16-byte aligned (``cp.async`` of 16 bytes)
@@ -126,12 +130,13 @@ def usable(device: torch.device, k: int) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def usable_mid(n: int) -> bool:
+def usable_mid(n: int, planes: bool = False) -> bool:
     """Whether linear's rows between the decode and prefill sizes (64 < M <= 256: a decode step of
-    many sequences) with ``n`` output columns run this kernel too (where :func:`usable`), on weight
-    planes made per call, instead of the Triton kernel that makes the weight's digits in registers:
-    from ``MID_MIN_N`` columns (the LM head), where the measurement shows it faster."""
-    return n >= MID_MIN_N
+    many sequences) with ``n`` output columns run this kernel too (where :func:`usable`) instead of
+    the Triton kernel that makes the weight's digits in registers: on weight planes made per call
+    from ``MID_MIN_N`` columns (the LM head), on planes the caller made once (``planes``,
+    ``linear_weight_digits``) from ``CACHED_MID_MIN_N``, where the measurements show it faster."""
+    return n >= (CACHED_MID_MIN_N if planes else MID_MIN_N)
 
 
 def config_for(m: int, n: int, device: torch.device) -> Config:

@@ -21,6 +21,7 @@ KERNELS = {
     "embedding": "embedding:embedding",
     "linear": "linear:linear",
     "linear_exponents": "linear:linear_exponents",
+    "linear_weight_digits": "linear:linear_weight_digits",
     "linear_partial": "linear:linear_partial",
     "linear_finish": "linear:linear_finish",
     "rms_norm": "rms_norm:rms_norm",

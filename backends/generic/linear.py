@@ -40,6 +40,9 @@ ZERO_EXP = -149
 HALF_BITS = 14
 #: elements of x per row block (a block's float64 grid is at most 64 MiB)
 BLOCK_ELEMENTS = 1 << 23
+#: ``linear_weight_digits``: a digit below the top one is ``((v + DIGIT_OFFSET) & 127) - DIGIT_OFFSET``,
+#: in [-64, 63]
+DIGIT_OFFSET = 64
 
 
 def _path(device: torch.device) -> str:
@@ -148,7 +151,8 @@ def finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Te
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None,
+           wd: torch.Tensor | None = None) -> torch.Tensor:
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16), bias [N] or None -> [M, N] out_dtype.
 
     Parameters
@@ -157,6 +161,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         The weight's row exponents (``linear_exponents``), made beforehand: the public op passes
         them only when its caller gave ``weight_exponents`` (checked equal to the weight's own,
         or vouched for by a CUDA-graph capture). None: compute them here.
+    wd : Tensor, int8, [3, N, K], optional
+        The weight's digits (``linear_weight_digits``), given with ``ew``. Not read: this
+        backend's products take the weight's grids from the weight itself (the same integers).
     """
     ex = _exponents(x)
     ew = _exponents(weight) if ew is None else ew
@@ -169,6 +176,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel ``linear_exponents``: (ex int64 [M], ew int64 [N]), SENTINEL for non-finite rows."""
     return _exponents(x), _exponents(weight)
+
+
+def linear_weight_digits(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel ``linear_weight_digits``: (ew int64 [N], digits int8 [3, N, K]) of weight [N, K].
+
+    The 21-bit grid integers (exact in fp32: at most 11 significant bits, ``|v| <= 2**20``; as the
+    digits path makes them), as int32, split low digit first with integer masks and shifts:
+    ``d = ((v + 64) & 127) - 64``, ``v = (v - d) >> 7``; the last ``v`` is the top digit. SENTINEL
+    rows give zeros.
+    """
+    ew = _exponents(weight)
+    v = _digits_f32(weight, ew, W_BITS, 1)[0].to(torch.int32)
+    planes = []
+    for _ in range(W_DIGITS - 1):
+        d = ((v + DIGIT_OFFSET) & 127) - DIGIT_OFFSET
+        planes.append(d)
+        v = (v - d) >> 7
+    planes.append(v)
+    return ew, torch.stack(planes).to(torch.int8)
 
 
 def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ KERNELS: dict[str, str] = {
     "kl_k3": "rl:kl_k3",
     "linear": "linear:linear",
     "linear_exponents": "linear:linear_exponents",
+    "linear_weight_digits": "linear:linear_weight_digits",
     "linear_partial": "linear:linear_partial",
     "linear_finish": "linear:linear_finish",
     "rms_norm": "rms_norm:rms_norm",

@@ -370,9 +370,13 @@ def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: t
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
           bias: torch.Tensor | None, out_dtype: torch.dtype | None, target: TritonTarget,
-          x_planes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          x_planes: torch.Tensor | None = None,
+          w_planes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The shared GEMM launch: FINISH (out_dtype given) or the int64 partial C (out_dtype None).
-    ``x_planes`` (with ``ex_given``): x's int8 digit planes [4, M, K], made by the caller."""
+    ``x_planes`` (with ``ex_given``): x's int8 digit planes [4, M, K], made by the caller.
+    ``w_planes`` (with ``ew_given``): the weight's digit planes [3, N, K] (``linear_weight_digits``),
+    read instead of making them on the prefill path and by the vendor GEMM; the decode and mid
+    kernels read the weight itself (fewer bytes)."""
     m, k = x.shape
     n = weight.shape[0]
     finish = out_dtype is not None
@@ -381,7 +385,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
     # between the decode and prefill sizes, the decode kernel at the target's mid tile (no weight
     # planes), unless the target's vendor GEMM takes these sizes too (weight planes made per call)
     mid = not decode and half and m <= MID_MAX_M and target.linear_mid is not None
-    vendor = None if decode or m == 0 or n == 0 else _vendor_gemm(target, x.device, k, n, mid)
+    vendor = None if decode or m == 0 or n == 0 else _vendor_gemm(target, x.device, k, n, mid, w_planes is not None)
     mid = mid and vendor is None
     if x_planes is not None and ex_given is not None:
         xd, ex = x_planes, ex_given
@@ -391,6 +395,8 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
         ew = ew_given if ew_given is not None else _digits(weight, write=False, activation=False)[1]
         wd = weight
         dispatch.note_kernel("triton-int8-decode")
+    elif w_planes is not None and ew_given is not None:
+        wd, ew = w_planes, ew_given
     else:
         wd, ew = _digits(weight, ew_given, activation=False)
     if not (decode or mid):
@@ -428,13 +434,15 @@ def _vendor_module(name: str):
     return importlib.import_module(name)
 
 
-def _vendor_gemm(target: TritonTarget, device: torch.device, k: int, n: int, mid: bool = False):
+def _vendor_gemm(target: TritonTarget, device: torch.device, k: int, n: int, mid: bool = False,
+                 planes: bool = False):
     """``target``'s vendor digit GEMM module where it runs on ``device`` at this K (and, for the
-    rows between the decode and prefill sizes, where it takes those at N output columns), else None."""
+    rows between the decode and prefill sizes, where it takes those at N output columns, the
+    weight's planes given or not), else None."""
     if target.digit_gemm is None:
         return None
     module = _vendor_module(target.digit_gemm)
-    return module if module.usable(device, k) and (not mid or module.usable_mid(n)) else None
+    return module if module.usable(device, k) and (not mid or module.usable_mid(n, planes)) else None
 
 
 def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.Tensor | None,
@@ -467,20 +475,32 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None, *,
+           out_dtype: torch.dtype | None = None, ew: torch.Tensor | None = None, wd: torch.Tensor | None = None, *,
            target: TritonTarget) -> torch.Tensor:
     """Kernel ``linear``: x [M, K], weight [N, K] (bf16/fp16, any strides), bias [N] or None -> [M, N].
 
     ``ew``: the weight's row exponents int64 [N], made beforehand (the public op has checked them,
     or a CUDA-graph capture vouches for them), or None to compute them here (one read of the weight).
+    ``wd``: with ``ew``, the weight's digit planes int8 [3, N, K] (``linear_weight_digits``, checked or
+    vouched for the same way): the prefill path and the vendor GEMM read them instead of making
+    them, and the vendor GEMM then also takes the mid rows from ``CACHED_MID_MIN_N`` columns.
     Reports the path through ``dispatch.note_kernel``: ``triton-int8`` (digit planes for both
     operands) or ``triton-int8-decode`` (M <= 64, or M <= ``MID_MAX_M`` on a target with a
     ``linear_mid`` tile: weight digits made in registers).
     """
     _check_k("linear", x.shape[1])
     bias = bias.contiguous() if bias is not None else None
-    y, _, _ = _gemm(x, weight, None, ew, bias, out_dtype or x.dtype, target)
+    y, _, _ = _gemm(x, weight, None, ew, bias, out_dtype or x.dtype, target,
+                    w_planes=wd.contiguous() if wd is not None and ew is not None else None)
     return y
+
+
+def linear_weight_digits(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel ``linear_weight_digits``: (ew int64 [N], digits int8 [3, N, K]) of weight [N, K]
+    (``_linear_digits_kernel``: the planes the prefill path makes for every call)."""
+    _check_k("linear_weight_digits", weight.shape[1])
+    wd, ew = _digits(weight, activation=False)
+    return ew, wd
 
 
 def weight_exponents(weight: torch.Tensor) -> torch.Tensor:

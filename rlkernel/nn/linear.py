@@ -107,6 +107,9 @@ class LinearBase(OpsUser, nn.Module):
         #: buffer (``rlkernel.rollout.weight_exponents``): forwards then pass them to
         #: ``rlkernel.ops.linear`` (``weight_exponents=``); None (default): the op computes them.
         self.weight_exponents: torch.Tensor | None = None
+        #: With ``weight_exponents``: the weight's digit planes, int8 [3, out_local, in_local]
+        #: (``rlkernel.ops.linear_weight_digits``), passed as ``weight_digits=``; None: not given.
+        self.weight_digits: torch.Tensor | None = None
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.weight.weight_gatherer = self.weight_gatherer  # type: ignore[attr-defined]
         self.weight.shard_ids = (None,)  # type: ignore[attr-defined]
@@ -141,7 +144,10 @@ class LinearBase(OpsUser, nn.Module):
         """``linear`` on this rank's whole weight (no communication), with its held exponents if any."""
         if self.weight_exponents is None:
             return self.ops.linear(x, self.weight, self.bias)
-        return self.ops.linear(x, self.weight, self.bias, weight_exponents=self.weight_exponents)
+        if self.weight_digits is None:
+            return self.ops.linear(x, self.weight, self.bias, weight_exponents=self.weight_exponents)
+        return self.ops.linear(x, self.weight, self.bias, weight_exponents=self.weight_exponents,
+                               weight_digits=self.weight_digits)
 
     def extra_repr(self) -> str:
         return (f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "

@@ -21,7 +21,7 @@ from rlkernel.ops.exact_sum import (
 )
 from rlkernel.ops.group_advantages import group_advantages
 from rlkernel.ops.kl_k3 import kl_k3, kl_k3_backward
-from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial
+from rlkernel.ops.linear import linear, linear_exponents, linear_finish, linear_partial, linear_weight_digits
 from rlkernel.ops.masked_mean import masked_mean, masked_mean_backward
 from rlkernel.ops.ppo_loss import ppo_loss
 from rlkernel.ops.rms_norm import rms_norm, rms_norm_backward
@@ -43,8 +43,8 @@ from rlkernel.ops.token_logprobs import (
 __all__ = [
     "adamw", "all_reduce", "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_accumulate",
     "exact_sum_finish", "exact_sum_merge", "exact_sum_partial", "exact_sum_total", "group_advantages", "kl_k3",
-    "kl_k3_backward", "linear",
-    "linear_exponents", "linear_finish", "linear_partial", "log_softmax", "masked_mean", "masked_mean_backward",
+    "kl_k3_backward", "linear", "linear_exponents", "linear_finish", "linear_partial", "linear_weight_digits",
+    "log_softmax", "masked_mean", "masked_mean_backward",
     "ppo_loss", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "rope_table_rows", "rope_tables", "sample",
     "sgd", "silu_mul", "silu_mul_backward", "softmax", "token_entropy", "token_entropy_backward", "token_logprobs",
     "token_logprobs_backward", "token_logprobs_backward_finish", "token_logprobs_backward_partial",

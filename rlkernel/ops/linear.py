@@ -15,7 +15,7 @@ import torch
 from rlkernel import _validate as v
 from rlkernel import dispatch, grads
 
-__all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial"]
+__all__ = ["linear", "linear_exponents", "linear_finish", "linear_partial", "linear_weight_digits"]
 
 #: Largest reduction length: |C| <= K * 2**40 < 2**63.
 #: Largest K: |C| <= K * 2**47 < 2**63 (x rows on 28 bits, weight rows on 21 bits).
@@ -167,7 +167,8 @@ def _backward_bound(what: str, axis: str, size: int) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, *, weight_exponents: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, weight_exponents: torch.Tensor | None = None,
+           weight_digits: torch.Tensor | None = None) -> torch.Tensor:
     """Exact, reproducible ``y = x @ weight.T + bias`` (contract ``linear`` v2).
 
     ``y_ij = RN_out(sum_k X_ik Wt_jk * 2**(ex_i + ew_j - 47))`` (with a bias: ``RN_out(RN32(RN32(...) + bias_j))``)
@@ -189,6 +190,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         changed). Outside a capture they are checked against the weight (one read of it and a
         host sync, so eager callers gain nothing); during a capture the caller vouches for them.
         The result is the same bits as without them.
+    weight_digits : Tensor, int8, [3, N, K], optional
+        With ``weight_exponents``: the weight's grid integers as balanced base-128 digits,
+        :func:`linear_weight_digits`'s second output, made once for a weight that does not change.
+        Backends whose digit GEMM reads planes read these instead of making them per call (on
+        CUDA: the prefill path, and the sm_90 wgmma kernel, which then also takes 65-256 rows from
+        4096 output columns); others ignore them. Checked against the weight outside a capture
+        like the exponents; the same bits as without them.
 
     Returns
     -------
@@ -198,10 +206,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ------
     TypeError
         float32 (or other) x/weight: the integer grids would round fp32 inputs — cast to bf16/fp16.
-        weight_exponents not int64.
+        weight_exponents not int64, weight_digits not int8.
     ValueError
         Shape mismatch, K > 2**16 - 1, bias not [N], weight_exponents not [N] or (outside a
-        CUDA-graph capture) not the weight's exponents.
+        CUDA-graph capture) not the weight's exponents; weight_digits without weight_exponents,
+        not [3, N, K] or (outside a capture) not the weight's digits.
 
     Bitwise semantics
     -----------------
@@ -233,8 +242,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = _check_out_dtype(op, out_dtype, x.dtype)
     if weight_exponents is not None:
         weight_exponents = v.tensor(op, "weight_exponents", weight_exponents)
-    device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias), ("weight_exponents", weight_exponents)])
-    given = {} if weight_exponents is None else {"ew": _given_weight_exponents(op, weight_exponents, weight, device)}
+    if weight_digits is not None:
+        weight_digits = v.tensor(op, "weight_digits", weight_digits)
+        if weight_exponents is None:
+            raise ValueError(f"{op}: weight_digits was given without weight_exponents; pass both, as "
+                             f"rlkernel.ops.linear_weight_digits(weight) returns them (ew, digits)")
+    device = v.same_device(op, [("x", x), ("weight", weight), ("bias", bias), ("weight_exponents", weight_exponents),
+                                ("weight_digits", weight_digits)])
+    given = {} if weight_exponents is None else _given_weight(op, weight_exponents, weight_digits, weight, device)
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad:  # (given exponents are the weight's own: the autograd path recomputes them)
@@ -244,23 +259,39 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.reshape(*x.shape[:-1], n)
 
 
-def _given_weight_exponents(op: str, ew: torch.Tensor, weight: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``weight_exponents`` checked: int64 [N]; outside a CUDA-graph capture, equal to the weight's own."""
-    n = weight.shape[0]
+def _given_weight(op: str, ew: torch.Tensor, wd: torch.Tensor | None, weight: torch.Tensor,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """``weight_exponents`` (int64 [N]) and ``weight_digits`` (int8 [3, N, K] or None) checked; outside
+    a CUDA-graph capture, equal to the weight's own. The kernel arguments ``ew`` (and ``wd``)."""
+    n, k = weight.shape
     v.dtype(op, "weight_exponents", ew, (torch.int64,))
     if tuple(ew.shape) != (n,):
         raise ValueError(f"{op}: weight_exponents has shape {tuple(ew.shape)}; expected [{n}] (one per row of weight)")
+    if wd is not None:
+        v.dtype(op, "weight_digits", wd, (torch.int8,))
+        if tuple(wd.shape) != (3, n, k):
+            raise ValueError(f"{op}: weight_digits has shape {tuple(wd.shape)}; expected [3, {n}, {k}] (three "
+                             f"digit planes of weight [N, K]), as rlkernel.ops.linear_weight_digits(weight) makes them")
+    given = {"ew": ew.contiguous()} if wd is None else {"ew": ew.contiguous(), "wd": wd.contiguous()}
     if v.capturing(device):  # the capturing caller vouches for the values (they cannot be read now)
-        return ew.contiguous()
+        return given
     with torch.no_grad():
-        own = dispatch.call("linear_exponents", device, x=weight[:0], weight=weight)[1]
+        if wd is None:
+            own = dispatch.call("linear_exponents", device, x=weight[:0], weight=weight)[1]
+        else:
+            own, own_digits = dispatch.call("linear_weight_digits", device, weight=weight)
     wrong = own != ew
     if n and bool(wrong.any()):
         i = int(wrong.nonzero()[0, 0])
         raise ValueError(f"{op}: weight_exponents[{i}] = {int(ew[i])}, but row {i} of weight has exponent "
                          f"{int(own[i])}: the weight changed after they were made. Recompute them with "
                          f"rlkernel.ops.linear_exponents(x, weight)[1] after every change of the weight")
-    return ew.contiguous()
+    if wd is not None and not torch.equal(own_digits, wd):
+        j = int((own_digits != wd).any(dim=0).any(dim=1).nonzero()[0, 0])
+        raise ValueError(f"{op}: weight_digits differ from the digits of row {j} of weight: the weight changed "
+                         f"after they were made. Recompute them with rlkernel.ops.linear_weight_digits(weight) "
+                         f"after every change of the weight")
+    return given
 
 
 def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,6 +327,54 @@ def linear_exponents(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tenso
     with torch.no_grad():  # integer exponents: nothing to differentiate, inputs that require grad are fine
         ex, ew = dispatch.call(op, device, x=_rows(x), weight=weight)
     return ex.reshape(x.shape[:-1]), ew
+
+
+def linear_weight_digits(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's row exponents and its 21-bit grid integers as three int8 digit planes, made once
+    for :func:`linear`'s ``weight_exponents=`` and ``weight_digits=``.
+
+    ``Wt_jk = RNE(w_jk 2**(20 - ew_j)) = d0 + 128 d1 + 16384 d2``
+
+    Parameters
+    ----------
+    weight : Tensor, bfloat16 or float16, [N, K]
+        K <= 2**16 - 1.
+
+    Returns
+    -------
+    ew : Tensor, int64, [N]
+        As :func:`linear_exponents` gives them (``2**20`` for a row holding NaN/inf, ``-149`` for
+        an all-zero row).
+    digits : Tensor, int8, [3, N, K]
+        Low digit first. Integers: not differentiable; computed without grad even when weight
+        requires grad. 3 bytes a weight element (1.5x the bf16 weight).
+
+    Raises
+    ------
+    TypeError
+        weight not bfloat16/float16.
+    ValueError
+        weight not [N, K], or K > 2**16 - 1.
+
+    Bitwise semantics
+    -----------------
+    Balanced base-128 digits of the grid integer, low first: ``d0 = ((Wt + 64) mod 128) - 64``,
+    ``d1`` the same of ``(Wt - d0) / 128``, ``d2`` the rest; ``d0, d1`` in [-64, 63] and ``d2`` in
+    [-64, 64] (``|Wt| <= 2**20``). Rows holding NaN/inf give zeros. Each element depends on its own
+    row only.
+
+    Contract: ``linear`` (sub-op ``linear_weight_digits``), version 2.
+    """
+    op = "linear_weight_digits"
+    weight = v.tensor(op, "weight", weight)
+    v.dtype(op, "weight", weight, v.HALF)
+    v.ndim(op, "weight", weight, 2, "[N, K]")
+    if weight.shape[1] > MAX_K:
+        raise ValueError(f"{op}: K = {weight.shape[1]} exceeds the exact-sum bound 2**16 - 1 = {MAX_K} of linear's "
+                         f"digit matmul; such a weight cannot be used by rlkernel.ops.linear")
+    with torch.no_grad():  # integers: nothing to differentiate, a weight that requires grad is fine
+        ew, digits = dispatch.call(op, weight.device, weight=weight)
+    return ew, digits
 
 
 def linear_partial(x: torch.Tensor, weight: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:

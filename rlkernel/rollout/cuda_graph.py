@@ -58,6 +58,9 @@ class DecodeGraphs:
     capture : bool
         Capture the graphs (default). False runs the same padded static-buffer forward eagerly
         on any device: the tests check the padding on the CPU that way.
+    weight_digits : bool
+        Hold the linear weights' digit planes as well as their exponents (``WeightExponents``'s
+        ``digits``) and pass them to ``rlkernel.ops.linear``: 3 bytes a weight element.
     """
 
     @staticmethod
@@ -66,7 +69,7 @@ class DecodeGraphs:
         return -(-max_batch_size // block_size)
 
     def __init__(self, model: Qwen3ForCausalLM, kv_cache: KVCache, max_batch_size: int, max_model_len: int,
-                 first_pad_block: int, capture: bool = True) -> None:
+                 first_pad_block: int, capture: bool = True, weight_digits: bool = False) -> None:
         self.model, self.kv_cache = model, kv_cache
         self.max_batch_size = max_batch_size
         self.block_size = bs = kv_cache.block_size
@@ -94,7 +97,7 @@ class DecodeGraphs:
         self.check = False
         self.sizes = graph_batch_sizes(max_batch_size)
         #: The linear weights' exponents the graphs read (the exact ops only; torch's have none).
-        self.exponents = WeightExponents(model) if model.ops.bitwise else None
+        self.exponents = WeightExponents(model, digits=weight_digits) if model.ops.bitwise else None
         if capture:
             self._capture(max_model_len)
 

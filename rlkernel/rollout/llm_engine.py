@@ -20,6 +20,7 @@ from rlkernel.rollout.native_ops import NATIVE
 from rlkernel.rollout.sampling_params import SamplingParams, sample_seed
 from rlkernel.rollout.scheduler import Scheduler
 from rlkernel.rollout.sequence import RolloutOutput, Sequence
+from rlkernel.rollout.weight_exponents import digits_bytes, reads_digits
 
 __all__ = ["LLM"]
 
@@ -84,6 +85,13 @@ class LLM:
         :meth:`~rlkernel.model.qwen3.Qwen3ForCausalLM.with_ops`). One device only. It exists to
         measure what the exact ops cost end to end (``tools/e2e_bench.py``); it is never chosen
         for you, and the trainer refuses it.
+    weight_digits : bool, optional
+        The decode graphs also hold every linear weight's int8 digit planes
+        (``rlkernel.ops.linear_weight_digits``: 3 bytes a weight element, 1.5x the bf16 weights,
+        taken from the KV cache's share when ``num_blocks`` is not given), which ``linear``'s sm_90
+        wgmma kernel reads at a decode step's 65-256 rows instead of making the digits every step.
+        Default (None): on where that kernel runs (NVIDIA sm_90); False saves the memory. The
+        same bits either way. Only with CUDA graphs (ignored by eager engines and ``ops='native'``).
 
     Attributes
     ----------
@@ -106,7 +114,7 @@ class LLM:
     def __init__(self, model: Qwen3ForCausalLM, *, num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  enforce_eager: bool = False, kv_cache_memory: int | None = None, seed: int = 0,
-                 ops: Literal["rlkernel", "native"] = "rlkernel") -> None:
+                 ops: Literal["rlkernel", "native"] = "rlkernel", weight_digits: bool | None = None) -> None:
         if not isinstance(model, Qwen3ForCausalLM):
             raise TypeError(f"LLM: model is a {type(model).__name__}; expected a rlkernel.model.Qwen3ForCausalLM")
         if not model.ops.bitwise:
@@ -133,13 +141,19 @@ class LLM:
         if self.max_model_len > limit:
             raise ValueError(f"LLM: max_model_len = {self.max_model_len} exceeds the model's max_position_embeddings "
                              f"= {limit}; pass max_model_len <= {limit}")
-        self.num_blocks = self._num_blocks(num_blocks, kv_cache_memory)
+        device = model.lm_head.weight.device
+        graphs = device.type == "cuda" and not enforce_eager and model.tp_size == 1
+        #: Whether the decode graphs hold the linear weights' digit planes.
+        self.weight_digits = bool(graphs and model.ops.bitwise
+                                  and (reads_digits(device) if weight_digits is None else weight_digits))
+        self.num_blocks = self._num_blocks(num_blocks, kv_cache_memory,
+                                           digits_bytes(model) if self.weight_digits else 0)
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = _eos_ids(model)
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
         self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_num_batched_tokens)
         self.model_runner = ModelRunner(model, self.num_blocks, self.block_size, self.max_num_seqs,
-                                        self.max_model_len, bool(enforce_eager))
+                                        self.max_model_len, bool(enforce_eager), self.weight_digits)
         self._rng = random.Random(seed)
         self._next_request_id = 0
         self.stats: dict[str, float] = dict.fromkeys(
@@ -151,7 +165,7 @@ class LLM:
                     "on" if self.model_runner.graphs is not None else "off")
 
     # ------------------------------------------------------------------ setup
-    def _num_blocks(self, num_blocks: int | None, kv_cache_memory: int | None) -> int:
+    def _num_blocks(self, num_blocks: int | None, kv_cache_memory: int | None, reserved: int = 0) -> int:
         if num_blocks is not None:
             return _positive_int("num_blocks", num_blocks)
         per_block = self.model.kv_cache_bytes_per_block(self.block_size)
@@ -164,7 +178,7 @@ class LLM:
             return memory // per_block
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
-            blocks = int(free * GPU_MEMORY_FRACTION) // per_block
+            blocks = int(max(free - reserved, 0) * GPU_MEMORY_FRACTION) // per_block
             if self.model.group is not None:  # the ranks must agree, or their schedules would differ
                 import torch.distributed as dist
 

@@ -43,10 +43,12 @@ class ModelRunner:
         Longest sequence (the width of the graphs' block tables).
     enforce_eager : bool
         Never capture CUDA graphs (they are captured on CUDA at TP = 1 otherwise).
+    weight_digits : bool
+        The graphs hold the linear weights' digit planes (:class:`DecodeGraphs`).
     """
 
     def __init__(self, model: Qwen3ForCausalLM, num_blocks: int, block_size: int, max_num_seqs: int,
-                 max_model_len: int, enforce_eager: bool) -> None:
+                 max_model_len: int, enforce_eager: bool, weight_digits: bool = False) -> None:
         self.model, self.block_size = model, block_size
         self.device = model.lm_head.weight.device
         self.graphs: DecodeGraphs | None = None
@@ -60,7 +62,8 @@ class ModelRunner:
             pad_blocks = DecodeGraphs.padding_blocks(max_num_seqs, block_size)
         self.kv_cache = model.allocate_kv_cache(num_blocks + pad_blocks, block_size)
         if pad_blocks:
-            self.graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs, max_model_len, first_pad_block=num_blocks)
+            self.graphs = DecodeGraphs(model, self.kv_cache, max_num_seqs, max_model_len, first_pad_block=num_blocks,
+                                       weight_digits=weight_digits)
 
     def refresh_weights(self) -> None:
         """Re-read what the decode graphs hold of the weights (their row exponents); no-op when eager."""

@@ -64,9 +64,11 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, *, weight_exponents: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, weight_exponents: torch.Tensor | None = None,
+           weight_digits: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` in the operands' dtype (cuBLAS), then cast to ``out_dtype``
-    (``weight_exponents``, which the exact op can be given, is not used: cuBLAS has no exponents)."""
+    (``weight_exponents`` and ``weight_digits``, which the exact op can be given, are not used:
+    cuBLAS has neither)."""
     y = F.linear(x, weight, bias)
     return y if out_dtype is None or out_dtype == y.dtype else y.to(out_dtype)
 

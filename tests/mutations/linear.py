@@ -107,6 +107,7 @@ MUTATIONS = [
     mutation(OP, "zero_row_exponent", "-149 -> -150", patch("linear", "ZERO_EXP", -150)),
     mutation(OP, "sentinel", "2**20 -> 2**20 + 1", patch("linear", "SENTINEL", (1 << 20) + 1)),
     mutation(OP, "sentinel", "2**20 -> 2**20 - 1", patch("linear", "SENTINEL", (1 << 20) - 1)),
+    mutation(OP, "weight_digits", "digits in [-63, 64] instead of [-64, 63]", patch("linear", "DIGIT_OFFSET", 63)),
     mutation(OP, "nonfinite_rows", "non-finite rows not NaN (their finite entries used)",
              patch("linear", "_exponents", _exponents_without_sentinel)),
     mutation(OP, "output_rounding", "through fp32 first (double rounding)",

@@ -86,9 +86,10 @@ def int32(device: torch.device | str) -> bool:
 #: On a device whose int64 probes failed they are refused (:func:`int64_unreliable`), not run.
 INT64_OPS = frozenset({
     "attention", "attention_backward", "attention_paged", "embedding", "exact_sum_partial", "linear",
-    "linear_exponents", "linear_finish", "linear_partial", "rope", "rope_backward", "sample", "token_entropy",
-    "token_entropy_backward", "token_logprobs", "token_logprobs_backward", "token_logprobs_backward_finish",
-    "token_logprobs_backward_partial", "token_logprobs_finish", "token_logprobs_partial",
+    "linear_exponents", "linear_finish", "linear_partial", "linear_weight_digits", "rope", "rope_backward", "sample",
+    "token_entropy", "token_entropy_backward", "token_logprobs", "token_logprobs_backward",
+    "token_logprobs_backward_finish", "token_logprobs_backward_partial", "token_logprobs_finish",
+    "token_logprobs_partial",
 })
 
 
