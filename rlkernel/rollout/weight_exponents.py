@@ -46,8 +46,9 @@ def digits_bytes(model: nn.Module) -> int:
 
 def reads_digits(device: torch.device) -> bool:
     """Whether linear's kernels on ``device`` read given weight digits at a decode step's rows: an
-    NVIDIA sm_90 GPU, where the wgmma digit GEMM runs (unless ``RLKERNEL_WGMMA=0``; the planes are
-    then read by the prefill path only). Elsewhere they would take memory for nothing."""
+    NVIDIA sm_90 GPU, where the wgmma digit GEMM runs. Elsewhere they would take memory for nothing;
+    so they would with ``RLKERNEL_WGMMA=0`` (the kernel off), which this does not look at: pass
+    ``LLM(weight_digits=False)`` then."""
     return (device.type == "cuda" and torch.version.hip is None
             and torch.cuda.get_device_capability(device) == (9, 0))
 
