@@ -49,8 +49,8 @@ def test_every_op_has_measurements(cpu_rows: list[dict]) -> None:
     from rlkernel.ops import __all__ as public
 
     measured = {r["op"] for r in cpu_rows}
-    sub_ops = {"linear_exponents", "linear_partial", "linear_finish", "token_logprobs_partial",
-               "token_logprobs_finish", "attention_paged", "rope_tables", "rope_table_rows",
+    sub_ops = {"linear_exponents", "linear_partial", "linear_finish", "linear_weight_digits",
+               "token_logprobs_partial", "token_logprobs_finish", "attention_paged", "rope_tables", "rope_table_rows",
                "exact_sum_merge", "exact_sum_finish",
                "token_logprobs_backward_partial", "token_logprobs_backward_finish"}  # through their parent op
     assert set(public) - sub_ops <= measured, sorted(set(public) - sub_ops - measured)
