@@ -585,6 +585,9 @@ def gemm_tiles(target: TritonTarget) -> tuple[tuple[int, int, int, int, int], tu
 
 def static_specs(target: TritonTarget):
     specs = [digits_spec("linear", f"{dt}_digits", dt, has_e=False, write=True, bits=27) for dt in ("bf16", "fp16")]
+    # the weight's planes (the prefill path's, and linear_weight_digits')
+    specs += [digits_spec("linear_weight_digits", f"{dt}_weight_planes", dt, has_e=False, write=True, bits=20)
+              for dt in ("bf16", "fp16")]
     prefill, decode = gemm_tiles(target)
 
     def gemm(case: str, w: str, y: str, tile: tuple[int, int, int, int, int], *, w_digits: bool, finish: bool,
