@@ -811,6 +811,27 @@ def invariance_cases() -> list[InvarianceCase]:
         return plain, tracked
 
     add("forward_under_autograd", "autograd", autograd)
+
+    # linear_weight_digits: each row's planes depend on that row only
+    def digits_permuted_rows(run: Any) -> tuple[Any, Any]:
+        w = _inv_inputs("wd_perm", n=40)["weight"]
+        w[7, 3] = float("nan")
+        p = _permutation(_seed("wd_perm", "p"), 40)
+        ew, digits = run("linear_weight_digits", weight=w)
+        return (ew[p], digits[:, p]), run("linear_weight_digits", weight=w[p])
+
+    cases.append(InvarianceCase(name="weight_digits_permuted_rows", invariance="permutation",
+                                check=digits_permuted_rows, op="linear_weight_digits"))
+
+    def digits_column_parallel(run: Any) -> tuple[Any, Any]:
+        # a column-parallel shard (a slice of the weight's rows) holds the matching slice of the planes
+        w = _inv_inputs("wd_cols", n=48, dtype=FP16)["weight"]
+        ew, digits = run("linear_weight_digits", weight=w)
+        shards = [run("linear_weight_digits", weight=w[a:b]) for a, b in ((0, 16), (16, 40), (40, 48))]
+        return (ew, digits), (torch.cat([e for e, _ in shards]), torch.cat([d for _, d in shards], dim=1))
+
+    cases.append(InvarianceCase(name="weight_digits_column_parallel_shards", invariance="tp_degree",
+                                check=digits_column_parallel, op="linear_weight_digits"))
     return cases
 
 
