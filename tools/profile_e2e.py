@@ -18,11 +18,13 @@ Writes ``profile_e2e.json`` and ``profile_e2e.md`` (top kernels per part) to ``-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,31 +123,32 @@ def train_phases(model: Any, prompts: list[list[int]], comps: list[list[int]], a
     params = list(model.parameters())
     phases: dict[str, float] = {}
 
-    def tick(name: str, t0: float) -> float:
-        e2e_bench._sync(device)
-        t1 = time.perf_counter()
-        phases[name] = round(phases.get(name, 0.0) + t1 - t0, 4)
-        return t1
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:  # wall seconds, and a "phase:<name>" range in a profile
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(f"phase:{name}"):
+            yield
+            e2e_bench._sync(device)
+        phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t0, 4)
 
     try:
-        t = time.perf_counter()
-        acc = grads.ExactGradients(params)
-        opt = AdamW(params, lr=1e-6)
-        t = tick("zero_states", t)
-        logp = completion_logprobs(model, prompts, comps, 1.0, device)
-        t = tick("forward_logprobs", t)
-        lp = logp.reshape(len(comps), -1)
-        mask = torch.ones(lp.shape, dtype=torch.bool, device=device)
-        loss = ppo_loss(lp, lp.detach(), adv, mask, denominator=n_tok)
-        t = tick("loss", t)
-        loss.backward()
-        t = tick("backward", t)
-        acc.finish()
-        t = tick("finish_states", t)
-        clip_grad_norm_(params, 1.0)
-        t = tick("clip", t)
-        opt.step()
-        tick("adamw", t)
+        with phase("zero_states"):
+            acc = grads.ExactGradients(params)
+            opt = AdamW(params, lr=1e-6)
+        with phase("forward_logprobs"):
+            logp = completion_logprobs(model, prompts, comps, 1.0, device)
+        with phase("loss"):
+            lp = logp.reshape(len(comps), -1)
+            mask = torch.ones(lp.shape, dtype=torch.bool, device=device)
+            loss = ppo_loss(lp, lp.detach(), adv, mask, denominator=n_tok)
+        with phase("backward"):
+            loss.backward()
+        with phase("finish_states"):
+            acc.finish()
+        with phase("clip"):
+            clip_grad_norm_(params, 1.0)
+        with phase("adamw"):
+            opt.step()
     finally:
         acc.remove()
         model.requires_grad_(False)
@@ -155,7 +158,8 @@ def train_phases(model: Any, prompts: list[list[int]], comps: list[list[int]], a
 
 def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Phase seconds of the trainer step at the ``--train-*`` sizes (warm), and a kernel profile of a
-    small one (``--profile-layers``, 2 sequences of ``--profile-len``: the full step has too many events)."""
+    small one (``--profile-layers``, ``--profile-seqs`` sequences of ``--profile-len``; the defaults keep the
+    trace small, the ``--train-*`` sizes profile the whole step)."""
     config = train_step_time.qwen3_config(args.config, args.train_layers)
     model = e2e_bench.random_model(config, device)
     prompts, comps, adv = train_step_time.step_batch(config.vocab_size, args.train_seqs, args.train_len, device)
@@ -167,13 +171,13 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         torch.cuda.empty_cache()
     config = train_step_time.qwen3_config(args.config, args.profile_layers)
     model = e2e_bench.random_model(config, device)
-    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, 2, args.profile_len, device)
+    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, args.profile_seqs, args.profile_len, device)
     train_phases(model, prompts, comps, adv, device)
     prof = _profile(lambda: train_phases(model, prompts, comps, adv, device), device)
     kernels = _kernels(prof)
-    out["profile"] = {"layers": args.profile_layers, "seqs": 2, "len": args.profile_len,
+    out["profile"] = {"layers": args.profile_layers, "seqs": args.profile_seqs, "len": args.profile_len,
                       "device_ms": round(sum(r["ms"] for r in kernels), 3), "kernels": kernels[:TOP],
-                      "ranges": _ops(prof)[:TOP]}
+                      "ranges": _ops(prof)[:2 * TOP]}
     return out
 
 
@@ -214,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--train-len", type=int, default=256)
     p.add_argument("--profile-layers", type=int, default=1)
     p.add_argument("--profile-len", type=int, default=64)
+    p.add_argument("--profile-seqs", type=int, default=2, help="sequences of the profiled step (the full step's "
+                   "--train-seqs profiles every kernel of it; the default keeps the trace small)")
     p.add_argument("--parts", default="rlkernel,native,train")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", required=True)
