@@ -41,8 +41,8 @@ def _kernels(prof: Any) -> list[dict[str, Any]]:
     """GPU kernels of a finished profile: name, calls, total device ms, sorted by total."""
     total: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
+    for ev in prof.events():  # kernels and copies; not the user ranges (phase:..., Optimizer.step#...) on the GPU lane
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not getattr(ev, "is_user_annotation", False):
             total[ev.name] += ev.device_time_total / 1e3 if hasattr(ev, "device_time_total") else ev.cuda_time / 1e3
             calls[ev.name] += 1
     rows = [{"kernel": k[:160], "calls": calls[k], "ms": round(v, 3)} for k, v in total.items()]
@@ -111,15 +111,14 @@ def rollout(model: Any, ops: str, prompts: list[list[int]], args: argparse.Names
             "prefill": prefill[:TOP], "decode": decode[:TOP]}
 
 
-def train_phases(model: Any, prompts: list[list[int]], comps: list[list[int]], adv: torch.Tensor,
-                 device: torch.device) -> dict[str, float]:
-    """One rlkernel trainer step (``train_step_time.time_ours``'s body) with the seconds of each phase."""
-    from rlkernel import grads
-    from rlkernel.rl import AdamW, clip_grad_norm_, ppo_loss
+def train_phases(model: Any, acc: Any, opt: Any, prompts: list[list[int]], comps: list[list[int]],
+                 adv: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """One rlkernel trainer step (``train_step_time.time_ours``'s body) with the seconds of each phase,
+    on the accumulators ``acc`` and the optimizer ``opt`` of the steps before it (a steady step)."""
+    from rlkernel.rl import clip_grad_norm_, ppo_loss
     from rlkernel.train.grpo import completion_logprobs
 
     n_tok = sum(len(c) for c in comps)
-    model.requires_grad_(True)
     params = list(model.parameters())
     phases: dict[str, float] = {}
 
@@ -131,27 +130,22 @@ def train_phases(model: Any, prompts: list[list[int]], comps: list[list[int]], a
             e2e_bench._sync(device)
         phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t0, 4)
 
-    try:
-        with phase("zero_states"):
-            acc = grads.ExactGradients(params)
-            opt = AdamW(params, lr=1e-6)
-        with phase("forward_logprobs"):
-            logp = completion_logprobs(model, prompts, comps, 1.0, device)
-        with phase("loss"):
-            lp = logp.reshape(len(comps), -1)
-            mask = torch.ones(lp.shape, dtype=torch.bool, device=device)
-            loss = ppo_loss(lp, lp.detach(), adv, mask, denominator=n_tok)
-        with phase("backward"):
-            loss.backward()
-        with phase("finish_states"):
-            acc.finish()
-        with phase("clip"):
-            clip_grad_norm_(params, 1.0)
-        with phase("adamw"):
-            opt.step()
-    finally:
-        acc.remove()
-        model.requires_grad_(False)
+    with phase("zero_states"):
+        acc.zero()
+    with phase("forward_logprobs"):
+        logp = completion_logprobs(model, prompts, comps, 1.0, device)
+    with phase("loss"):
+        lp = logp.reshape(len(comps), -1)
+        mask = torch.ones(lp.shape, dtype=torch.bool, device=device)
+        loss = ppo_loss(lp, lp.detach(), adv, mask, denominator=n_tok)
+    with phase("backward"):
+        loss.backward()
+    with phase("finish_states"):
+        acc.finish()
+    with phase("clip"):
+        clip_grad_norm_(params, 1.0)
+    with phase("adamw"):
+        opt.step()
     phases["step"] = round(sum(phases.values()), 4)
     return phases
 
@@ -160,20 +154,38 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Phase seconds of the trainer step at the ``--train-*`` sizes (warm), and a kernel profile of a
     small one (``--profile-layers``, ``--profile-seqs`` sequences of ``--profile-len``; the defaults keep the
     trace small, the ``--train-*`` sizes profile the whole step)."""
-    config = train_step_time.qwen3_config(args.config, args.train_layers)
-    model = e2e_bench.random_model(config, device)
-    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, args.train_seqs, args.train_len, device)
-    out: dict[str, Any] = {"layers": config.num_hidden_layers, "seqs": args.train_seqs, "len": args.train_len}
-    out["warmup_phases_s"] = train_phases(model, prompts, comps, adv, device)
-    out["phases_s"] = train_phases(model, prompts, comps, adv, device)
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    config = train_step_time.qwen3_config(args.config, args.profile_layers)
-    model = e2e_bench.random_model(config, device)
-    prompts, comps, adv = train_step_time.step_batch(config.vocab_size, args.profile_seqs, args.profile_len, device)
-    train_phases(model, prompts, comps, adv, device)
-    prof = _profile(lambda: train_phases(model, prompts, comps, adv, device), device)
+    from rlkernel import grads
+    from rlkernel.rl import AdamW
+
+    def steady(layers: int, seqs: int, length: int, profiled: bool) -> tuple[dict[str, float], dict[str, float], Any]:
+        """(warm-up step's phases, a steady step's phases, its profile or None) on one model and one
+        set of accumulators and optimizer states, as ``train_step_time.time_ours`` runs them."""
+        config = train_step_time.qwen3_config(args.config, layers)
+        model = e2e_bench.random_model(config, device)
+        prompts, comps, adv = train_step_time.step_batch(config.vocab_size, seqs, length, device)
+        model.requires_grad_(True)
+        params = list(model.parameters())
+        acc, opt = grads.ExactGradients(params), AdamW(params, lr=1e-6)
+        prof = None
+        try:
+            warm = train_phases(model, acc, opt, prompts, comps, adv, device)
+            phases = train_phases(model, acc, opt, prompts, comps, adv, device)
+            if profiled:
+                prof = _profile(functools.partial(train_phases, model, acc, opt, prompts, comps, adv, device), device)
+        finally:
+            acc.remove()
+            model.requires_grad_(False)
+        del model, acc, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return warm, phases, prof
+
+    out: dict[str, Any] = {"layers": args.train_layers, "seqs": args.train_seqs, "len": args.train_len}
+    same = (args.profile_layers, args.profile_seqs, args.profile_len) == \
+        (args.train_layers, args.train_seqs, args.train_len)
+    out["warmup_phases_s"], out["phases_s"], prof = steady(args.train_layers, args.train_seqs, args.train_len, same)
+    if not same:
+        _, _, prof = steady(args.profile_layers, args.profile_seqs, args.profile_len, True)
     kernels = _kernels(prof)
     out["profile"] = {"layers": args.profile_layers, "seqs": args.profile_seqs, "len": args.profile_len,
                       "device_ms": round(sum(r["ms"] for r in kernels), 3), "kernels": kernels[:TOP],
