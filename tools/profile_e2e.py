@@ -111,6 +111,26 @@ def rollout(model: Any, ops: str, prompts: list[list[int]], args: argparse.Names
             "prefill": prefill[:TOP], "decode": decode[:TOP]}
 
 
+def _host_profile(fn: Any) -> list[dict[str, Any]]:
+    """cProfile of ``fn()``: the functions with the most cumulative host seconds (what the step's
+    Python, validation and launches cost, the device time being hidden under them or not)."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    stats = pstats.Stats(pr)
+    rows = []
+    for (file, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}({name})" if line else name
+        rows.append({"function": where[:160], "calls": calls, "tottime_ms": round(tottime * 1e3, 2),
+                     "cumtime_ms": round(cumtime * 1e3, 2)})
+    rows.sort(key=lambda r: -r["cumtime_ms"])
+    return rows[:3 * TOP]
+
+
 def train_phases(model: Any, acc: Any, opt: Any, prompts: list[list[int]], comps: list[list[int]],
                  adv: torch.Tensor, device: torch.device) -> dict[str, float]:
     """One rlkernel trainer step (``train_step_time.time_ours``'s body) with the seconds of each phase,
@@ -157,6 +177,8 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     from rlkernel import grads
     from rlkernel.rl import AdamW
 
+    out: dict[str, Any] = {"layers": args.train_layers, "seqs": args.train_seqs, "len": args.train_len}
+
     def steady(layers: int, seqs: int, length: int, profiled: bool) -> tuple[dict[str, float], dict[str, float], Any]:
         """(warm-up step's phases, a steady step's phases, its profile or None) on one model and one
         set of accumulators and optimizer states, as ``train_step_time.time_ours`` runs them."""
@@ -172,6 +194,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             phases = train_phases(model, acc, opt, prompts, comps, adv, device)
             if profiled:
                 prof = _profile(functools.partial(train_phases, model, acc, opt, prompts, comps, adv, device), device)
+            if args.host_profile and not out.get("host"):  # the host's Python time of one more steady step
+                out["host"] = _host_profile(functools.partial(train_phases, model, acc, opt, prompts, comps, adv,
+                                                              device))
         finally:
             acc.remove()
             model.requires_grad_(False)
@@ -180,7 +205,6 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             torch.cuda.empty_cache()
         return warm, phases, prof
 
-    out: dict[str, Any] = {"layers": args.train_layers, "seqs": args.train_seqs, "len": args.train_len}
     same = (args.profile_layers, args.profile_seqs, args.profile_len) == \
         (args.train_layers, args.train_seqs, args.train_len)
     out["warmup_phases_s"], out["phases_s"], prof = steady(args.train_layers, args.train_seqs, args.train_len, same)
@@ -215,6 +239,11 @@ def markdown(r: dict[str, Any]) -> str:
         lines += [f"| `{k['kernel']}` | {k['calls']} | {k['ms']:.2f} |" for k in t["kernels"]]
         lines += ["", "| range | calls | device ms | cpu ms |", "|---|---:|---:|---:|"]
         lines += [f"| `{k['range']}` | {k['calls']} | {k['device_ms']:.2f} | {k['cpu_ms']:.1f} |" for k in t["ranges"]]
+        if r["train"].get("host"):
+            lines += ["", "### Host (cProfile) of one steady step: most cumulative time", "",
+                      "| function | calls | own ms | cumulative ms |", "|---|---:|---:|---:|"]
+            lines += [f"| `{k['function']}` | {k['calls']} | {k['tottime_ms']:.1f} | {k['cumtime_ms']:.1f} |"
+                      for k in r["train"]["host"]]
     return "\n".join(lines) + "\n"
 
 
@@ -233,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--profile-seqs", type=int, default=2, help="sequences of the profiled step (the full step's "
                    "--train-seqs profiles every kernel of it; the default keeps the trace small)")
     p.add_argument("--parts", default="rlkernel,native,train")
+    p.add_argument("--host-profile", action="store_true", help="also one steady trainer step under cProfile")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
