@@ -126,6 +126,10 @@ def test_grad_norm_row_layout_changes_no_bit(monkeypatch: pytest.MonkeyPatch) ->
     for row in (64, 7, 1):
         monkeypatch.setattr(optim_mod, "NORM_ROW", row)
         assert grad_norm(params) == norm
+    # small gradients go through concatenated buckets: any bucket size (each alone, some joined, all in one)
+    for bucket in (1, 1100, 5000, 1 << 30):
+        monkeypatch.setattr(optim_mod, "NORM_BUCKET", bucket)
+        assert grad_norm(params) == norm
 
 
 def test_clip_grad_norm_scales_like_torch() -> None:
@@ -147,6 +151,23 @@ def test_clip_grad_norm_scales_like_torch() -> None:
     assert all(torch.equal(b, p.grad) for b, p in zip(before, ours))
     with pytest.raises(ValueError, match="max_norm"):
         clip_grad_norm_(ours, 0.0)
+
+
+def test_clip_scales_each_gradient_by_one_rounding() -> None:
+    """fp32 gradients (scaled in one multi-tensor call) and bf16 ones: RN_dtype(RN32(fp32(g) * coef)), bit for bit."""
+    from rlkernel.rl.optim import clip_coefficient
+
+    g = torch.Generator().manual_seed(6)
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=dt)) for n, dt in
+              ((300, torch.float32), (77, torch.bfloat16), (5, torch.float32), (40, torch.float16))]
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=g) * torch.logspace(-30, 3, p.numel())).to(p.dtype)
+    before = [p.grad.clone() for p in params]
+    norm = clip_grad_norm_(params, 0.5)
+    coef = clip_coefficient(norm, 0.5)
+    assert coef < 1.0
+    for b, p in zip(before, params):
+        assert torch.equal(p.grad, torch.mul(b.to(torch.float32), coef).to(b.dtype))
 
 
 @pytest.mark.parametrize(("kw", "match"), [

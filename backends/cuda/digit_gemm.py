@@ -127,7 +127,20 @@ def usable(device: torch.device, k: int) -> bool:
     ``DEFAULT`` when unset)."""
     if device.type != "cuda" or k % K_ALIGN or k == 0 or os.environ.get(ENV, DEFAULT) != "1":
         return False
-    return torch.cuda.get_device_capability(device) == (9, 0)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """A GPU's compute capability (asked once: the question costs ~25 us of host time, and linear asks it
+    at every call)."""
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    """A GPU's SM count (asked once, as :func:`_capability`)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def usable_mid(n: int, planes: bool = False) -> bool:
@@ -143,8 +156,7 @@ def config_for(m: int, n: int, device: torch.device) -> Config:
     """The configuration of one launch: ``CONFIG``, or ``SMALL_M_CONFIG`` where ``CONFIG``'s blocks
     would fill at most a third of the SMs (a decode step's M = 256 at N = 1024)."""
     blocks = -(-m // block_m(CONFIG[0], CONFIG[3])) * -(-n // CONFIG[1])
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if 3 * blocks <= torch.cuda.get_device_properties(index).multi_processor_count:
+    if 3 * blocks <= _sm_count(device.index if device.index is not None else torch.cuda.current_device()):
         return SMALL_M_CONFIG
     return CONFIG
 

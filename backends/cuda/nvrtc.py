@@ -166,7 +166,8 @@ class CudaKernel:
         """Launch on ``device``'s current torch stream; ``args`` are ctypes values in the kernel's order."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         fn = self._function(index)
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        # the address of each argument's value (the ctypes objects in ``args`` outlive the call)
+        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream(index).cuda_stream)
         with torch.cuda.device(index):  # the launch needs the module's (the device's primary) context current
             _ensure_context(index)

@@ -178,22 +178,19 @@ class TokenLogprobsFunction(torch.autograd.Function):
             dh, dw = dispatch.call(op, g.device, grad=g, hidden=hidden, weight=weight, targets=targets,
                                    temperature=tau, need_hidden=need_h, need_weight=True)
             return dh, grads.weight_grad(weight, dw.unsqueeze(0)), None, None
-        dh_parts: list[torch.Tensor] = []
+        # d_hidden is per token: one call over every token has the bits of the per-unit calls and
+        # runs the vocabulary pass and its d_hidden products once instead of once a unit
+        dh = None
+        if need_h:
+            dh, _ = dispatch.call(op, g.device, grad=g, hidden=hidden, weight=weight, targets=targets,
+                                  temperature=tau, need_hidden=True, need_weight=False)
         units_sum = grads.UnitStates(weight)
         per_group = grads.units_per_group(weight)
         for g0 in range(0, len(spans), per_group):
-            terms = []
-            for a, b in spans[g0:g0 + per_group]:
-                dh_u, dw_u = dispatch.call(op, g.device, grad=g[a:b], hidden=hidden[a:b], weight=weight,
-                                           targets=targets[a:b], temperature=tau, need_hidden=need_h,
-                                           need_weight=True)
-                if dh_u is not None:
-                    dh_parts.append(dh_u)
-                terms.append(dw_u)
+            terms = [dispatch.call(op, g.device, grad=g[a:b], hidden=hidden[a:b], weight=weight, targets=targets[a:b],
+                                   temperature=tau, need_hidden=False, need_weight=True)[1]
+                     for a, b in spans[g0:g0 + per_group]]
             units_sum.add_terms(torch.stack(terms))
-        dh = None
-        if need_h:
-            dh = torch.cat(dh_parts) if dh_parts else torch.zeros_like(hidden)
         return dh, units_sum.gradient(), None, None
 
 

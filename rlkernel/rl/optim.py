@@ -39,6 +39,23 @@ def _grads(parameters: torch.Tensor | Iterable[torch.Tensor]) -> list[torch.Tens
 
 #: squares per row of the exact sum in :func:`grad_norm` (the Triton masked_mean takes rows up to 2**22)
 NORM_ROW = 1 << 16
+#: gradients below this many elements are concatenated (per device) into buckets of about this many,
+#: one exact sum each: a step's ~30-300 small gradients cost a few launches instead of ~5 each
+#: (the H200 trainer step at b844a1c spent 21 ms of host time in grad_norm for 1.7 ms of kernels)
+NORM_BUCKET = 1 << 24
+
+
+def _square_partials(flat: torch.Tensor) -> list[torch.Tensor]:
+    """The exact partials of the fp32 squares of a 1-D fp32 tensor: rows of NORM_ROW and one shorter
+    row (the sum is exact, so the layout is free; one row of a whole 155M-element LM head would run
+    the device-generic code)."""
+    whole = flat.numel() // NORM_ROW * NORM_ROW
+    partials = []
+    for rows in (flat[:whole].view(-1, NORM_ROW), flat[whole:].view(1, -1)):
+        if rows.numel():
+            sq = torch.mul(rows, rows)
+            partials.append(masked_mean_partial(sq, torch.ones_like(sq, dtype=torch.bool)))
+    return partials
 
 
 def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = None) -> float:
@@ -63,17 +80,23 @@ def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = No
     superaccumulator), rounded once to fp32; the root is correctly rounded. Invariant to the
     order and grouping of parameters, to ranks and to the device.
     """
-    grads = _grads(parameters)
-    partials = []
-    for g in grads:
+    partials: list[torch.Tensor] = []
+    buckets: dict[torch.device, tuple[list[torch.Tensor], int]] = {}
+    for g in _grads(parameters):
         g32 = g.detach().to(torch.float32).reshape(-1)
-        whole = g32.numel() // NORM_ROW * NORM_ROW
-        # rows of NORM_ROW squares and one shorter row (the sum is exact, so the layout is free);
-        # one row of a whole 155M-element LM head would run the device-generic code
-        for rows in (g32[:whole].view(-1, NORM_ROW), g32[whole:].view(1, -1)):
-            if rows.numel():
-                sq = torch.mul(rows, rows)
-                partials.append(masked_mean_partial(sq, torch.ones_like(sq, dtype=torch.bool)))
+        if g32.numel() >= NORM_BUCKET:  # a large gradient alone, as it is (no copy)
+            partials += _square_partials(g32)
+            continue
+        held, size = buckets.get(g32.device, ([], 0))
+        held.append(g32)
+        size += g32.numel()
+        if size >= NORM_BUCKET:
+            partials += _square_partials(torch.cat(held))
+            held, size = [], 0
+        buckets[g32.device] = (held, size)
+    for held, _ in buckets.values():
+        if held:
+            partials += _square_partials(torch.cat(held) if len(held) > 1 else held[0])
     if not partials:
         return 0.0
     device = partials[0].device
@@ -85,6 +108,17 @@ def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = No
         return s
     n, d = s.as_integer_ratio()
     return rn32_sqrt(n, d) if n else 0.0
+
+
+def clip_coefficient(norm: float, max_norm: float) -> float:
+    """``RN32(RN32(max_norm) / RN32(norm + RN32(1e-6)))`` for a finite fp32 ``norm`` (unclamped)."""
+    mn, md = rn32(*float(max_norm).as_integer_ratio()).as_integer_ratio()
+    # norm + eps: both fp32; their exact sum is a rational, rounded once
+    eps = rn32(*(1e-6).as_integer_ratio())
+    a, b = norm.as_integer_ratio(), eps.as_integer_ratio()
+    den = rn32(a[0] * b[1] + b[0] * a[1], a[1] * b[1])
+    dn, dd = den.as_integer_ratio()
+    return rn32(mn * dd, md * dn)
 
 
 def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float,
@@ -110,16 +144,15 @@ def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm:
         norm = grad_norm(parameters, group)
     if not norm < float("inf"):
         return norm
-    mn, md = rn32(*float(max_norm).as_integer_ratio()).as_integer_ratio()
-    # norm + eps: both fp32; their exact sum is a rational, rounded once
-    eps = rn32(*(1e-6).as_integer_ratio())
-    a, b = norm.as_integer_ratio(), eps.as_integer_ratio()
-    den = rn32(a[0] * b[1] + b[0] * a[1], a[1] * b[1])
-    dn, dd = den.as_integer_ratio()
-    coef = rn32(mn * dd, md * dn)
+    coef = clip_coefficient(norm, max_norm)
     if coef < 1.0:
-        for g in _grads(parameters):
-            g.copy_(torch.mul(g.to(torch.float32), coef).to(g.dtype))
+        gs = _grads(parameters)
+        fp32 = [g for g in gs if g.dtype == torch.float32]
+        if fp32:  # RN32(g * coef): coef is an fp32 value, the product is rounded once (one multi-tensor launch)
+            torch._foreach_mul_(fp32, coef)
+        for g in gs:
+            if g.dtype != torch.float32:
+                g.copy_(torch.mul(g.to(torch.float32), coef).to(g.dtype))
     return norm
 
 
