@@ -221,6 +221,26 @@ def _subnormals() -> dict[str, Any]:
     return {"terms": t}
 
 
+def _few_terms() -> dict[str, Any]:
+    """Four terms an element (a trainer's per-unit weight gradients), in runs of 32 alike elements (a
+    kernel's block): sums that fp64 holds exactly and whose one rounding is a tie (to even, both
+    ways), a tie decided by a term 2**26 below it, -0 and cancellations (+0), the edges of the normal
+    range (2**-126, just under and at 2**127) and of the subnormal one, a sticky bit fp64 cannot hold,
+    random terms within 2**20 of each other, and a run with one such inexact element among exact ones."""
+    e = 2.0 ** -24
+    rows = [[1.0, e, 0.0, 0.0], [1.0 + 2 * e, e, 0.0, 0.0], [-1.0, -e, 0.0, 0.0], [0.5, 0.5, e, 0.0],
+            [-0.0, -0.0, -0.0, -0.0], [3.5, -3.5, 1e-3, -1e-3], [2.0 ** 126, 2.0 ** 125, 2.0 ** 124, 0.0],
+            [2.0 ** 126, 2.0 ** 126, 0.0, 0.0], [2.0 ** -126, 0.0, 0.0, 0.0], [2.0 ** -127, 2.0 ** -127, 0.0, 0.0],
+            [2.0 ** -127, 0.0, 0.0, 0.0], [1.0, e, e * 2.0 ** -26, 0.0], [1.0, e, -e * 2.0 ** -26, 0.0],
+            [1.0, e, 2.0 ** -60, 0.0]]
+    runs = [torch.tensor(r, dtype=torch.float64).to(torch.float32).reshape(4, 1).repeat(1, 32) for r in rows]
+    close = _terms("total_few_close", (4, 32)) * torch.pow(
+        torch.tensor(2.0), integers(seed_of("exact_sum", "total_few_close", "e"), (4, 32), -10, 10).to(torch.float32))
+    mixed = _terms("total_few_mixed", (4, 32))
+    mixed[:, 17] = torch.tensor([1.0, e, 2.0 ** -60, 0.0])
+    return {"terms": torch.cat([*runs, close.to(torch.float32), mixed], dim=1).contiguous()}
+
+
 def _scatter_edges() -> dict[str, Any]:
     """Repeated rows, untouched rows, the first and last row, terms that cancel within a row."""
     terms = _spread("scatter_edges", (24, 5))
@@ -290,6 +310,7 @@ def adversarial_cases() -> list[Case]:
                       "terms": _spread("acc_nct", (9, 4, 3)).permute(2, 1, 0)},
              op="exact_sum_accumulate"),
         Case("total_ties", "adversarial", _ties, op="exact_sum_total"),
+        Case("total_few_terms_fp64_edges", "adversarial", _few_terms, op="exact_sum_total"),
         Case("total_specials", "adversarial", _specials, op="exact_sum_total"),
         Case("total_subnormals", "adversarial", _subnormals, op="exact_sum_total"),
         Case("total_empty_terms", "adversarial", lambda: {"terms": torch.zeros((0, 4, 3))}, op="exact_sum_total"),

@@ -470,3 +470,31 @@ def test_wgmma_candidate_configs_equal_triton(cfg: tuple[int, int, int, int, int
         want = L._finish(ref, ex, ew, bias, torch.bfloat16)
         _assert_bitwise(want.view(torch.int16), y.view(torch.int16), f"{D.name(cfg)} fused bf16, M={m} K={k} N={n}")
 
+
+
+def test_exact_sum_total_fp64_blocks_equal_the_generic_state_path() -> None:
+    """``exact_sum_total`` of four terms an element (a trainer's per-unit weight gradients) over 2**20
+    elements whose magnitudes mix close terms (the fp64 blocks) with spreads beyond fp64 and specials
+    (the state blocks), against the device-generic superaccumulator on the same GPU; and with the
+    fp64 path off (``FAST_TERMS = 0``), the same bytes."""
+    from rlkernel.backends.generic.exact_sum import exact_sum_total as generic_total
+    from rlkernel.backends.triton import exact_sum as es
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n = 1 << 20
+    terms = torch.randn(4, n, generator=g, device="cuda")
+    spread = torch.randint(-12, 12, (4, n), generator=g, device="cuda").float()
+    far = torch.rand(n, generator=g, device="cuda") < 1e-3  # ~1 element in 1000: exponents 2**-100 .. 2**100
+    spread[:, far] = torch.randint(-100, 100, (4, int(far.sum())), generator=g, device="cuda").float()
+    terms = terms * torch.exp2(spread)
+    terms[1, 12345] = float("nan")
+    terms[2, 54321] = float("inf")
+    terms[:, 777] = torch.tensor([1.0, 2.0 ** -24, 0.0, 0.0])  # a tie: to even
+    want = generic_total(terms)
+    _assert_bitwise(want, es.exact_sum_total(terms), "exact_sum_total (fp64 blocks) vs generic")
+    saved = es.FAST_TERMS
+    es.FAST_TERMS = 0
+    try:
+        _assert_bitwise(want, es.exact_sum_total(terms), "exact_sum_total (state path) vs generic")
+    finally:
+        es.FAST_TERMS = saved

@@ -128,9 +128,23 @@ class Steps:
         xe, xd, xbad = _digits(hidden, H_BITS, H_DIGITS)
         yield from _logit_blocks(xe, xd, xbad, weight, vc, tau)
 
+    #: pass B's vocabulary blocks are this many times the budget's (a backend whose products keep no
+    #: large temporaries takes the whole vocabulary in fewer blocks: fewer launches, no copies)
+    weight_block_scale = 1
+
+    def fill_logits(self, z: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, vc: int,
+                    tau: torch.Tensor | None) -> None:
+        """``z`` fp32 [T, V] (contiguous) = :meth:`logits` of every vocabulary block of ``vc`` rows."""
+        for v0, v1, block in self.logits(hidden, weight, vc, tau):
+            z[:, v0:v1] = block
+
     def exact(self, x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """Exact int64 ``X @ W.T``: x fp32 [M, K] on 28-bit row grids ``ex``, w [N, K] on 21-bit grids ``ew``."""
         return _product(x, w, ex, ew)
+
+    def exact_finish(self, x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+        """fp32 [M, N] :meth:`finish` of :meth:`exact` (d_weight of one vocabulary block from all its tokens)."""
+        return self.finish(self.exact(x, w, ex, ew), ex, ew)
 
     def row_stats(self, z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(m, S)`` of logits rows z fp32 [r, V]: the R5 row max (NaN where a row holds NaN) and the
@@ -270,8 +284,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
         z = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
-        for v0, v1, block in steps.logits(hidden[t0:t1], weight, vc, tau):
-            z[:, v0:v1] = block
+        steps.fill_logits(z, hidden[t0:t1], weight, vc, tau)
         if row_max is None or sum_int is None:
             m, s_int = steps.row_stats(z, vs)
             finite = torch.isfinite(m)
@@ -318,23 +331,25 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
 
     ec = _column_exponents(colmax, colbad)
     eh = steps.column_exponents(hidden)
-    vb = max(1, min(v, work // (16 * h)))
+    # with the coefficients kept, a block is one product (the backend's scale applies); else every block
+    # recomputes its logits per token chunk, whose size shrinks as the block grows
+    vb = max(1, min(v, work * (steps.weight_block_scale if kept is not None else 1) // (16 * h)))
     if vb < v or v == 0:  # several blocks (one block's result is d_weight itself)
         out.d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
     tb = max(1, min(max(t, 1), work // (32 * h), work // (_E_BYTES * vb)))
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
         if kept is not None:  # the one product of the block, finished as it is
-            acc = steps.exact(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+            d_weight = steps.exact_finish(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
         else:
             acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
-        for t0 in range(0, t if kept is None else 0, tb):
-            t1 = min(t0 + tb, t)
-            _, _, z = next(steps.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
-            c, _ = steps.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
-                                      targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
-            acc += steps.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
-        d_weight = steps.finish(acc, ec[v0:v1], eh)
+            for t0 in range(0, t, tb):
+                t1 = min(t0 + tb, t)
+                _, _, z = next(steps.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
+                c, _ = steps.coefficients(z, m_all[t0:t1], total_all[t0:t1], ay_all[t0:t1], s_all[t0:t1],
+                                          targets[t0:t1] - vocab_start - v0, finite_all[t0:t1], v1 - v0, None, False)
+                acc += steps.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
+            d_weight = steps.finish(acc, ec[v0:v1], eh)
         if out.d_weight is None:
             out.d_weight = d_weight
         else:

@@ -459,14 +459,19 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
     return y
 
 
-def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: TritonTarget) -> torch.Tensor:
+def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: TritonTarget,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 [M, N] ``linear`` outputs (no bias) of x [M, K] and weight [N, K] (bf16/fp16) on the
     weight-row exponents ``ew`` int64 [N] (``linear_exponents``): the weight's digits are made in
-    registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk)."""
+    registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk).
+    ``out``: an fp32 [M, N] tensor (any row stride, unit column stride) to write them into."""
     m, k = x.shape
     n = weight.shape[0]
     xd, ex = _digits(x)
-    y = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    if out is not None and (out.shape != (m, n) or out.dtype != torch.float32 or (n > 1 and out.stride(1) != 1)):
+        raise ValueError(f"linear logits: out must be fp32 [{m}, {n}] with unit column stride; got {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    y = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y
     _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M, target),
@@ -533,6 +538,17 @@ def partial_from_planes(x_planes: torch.Tensor, ex: torch.Tensor, weight: torch.
     passed through to the launch (the partial does not read it)."""
     _check_k("linear partial_from_planes", x_planes.shape[2])
     y, _, _ = _gemm(x_planes[0], weight, ex.contiguous(), ew.contiguous(), None, None, target,
+                    x_planes=x_planes.contiguous())
+    return y
+
+
+def output_from_planes(x_planes: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor,
+                       out_dtype: torch.dtype, *, target: TritonTarget) -> torch.Tensor:
+    """``linear_finish(partial_from_planes(...), ex, ew, None, out_dtype)`` in one GEMM: the same
+    operands and grids (x's planes on 28-bit row grids ``ex``, the weight on ``ew``), the contract's
+    rounding in the GEMM's epilogue, so the int64 ``C`` is never stored."""
+    _check_k("linear output_from_planes", x_planes.shape[2])
+    y, _, _ = _gemm(x_planes[0], weight, ex.contiguous(), ew.contiguous(), None, out_dtype, target,
                     x_planes=x_planes.contiguous())
     return y
 
