@@ -393,6 +393,10 @@ def golden_cases() -> list[Case]:
         _golden("bf16_t33_h96_v2053_tau1.3", 33, 96, 2053, torch.bfloat16, 1.3, w_std=0.5),
         _golden("bf16_t1_h256_v2048", 1, 256, 2048, torch.bfloat16, w_std=0.05),
         _golden("bf16_t64_h512_v32000", 64, 512, 32000, torch.bfloat16, full_only=True),
+        # a decode step's rows (64 < T <= 256) and a prefill's (T > 256): where a backend's GEMM
+        # takes other paths for more rows (CUDA: the wgmma kernel on weight planes made per call)
+        _golden("bf16_t160_h64_v17000_tau0.9", 160, 64, 17000, torch.bfloat16, 0.9, full_only=True),
+        _golden("bf16_t300_h128_v5000", 300, 128, 5000, torch.bfloat16, full_only=True),
         Case("partial_phase1_bf16", "golden", lambda: _partial_inputs("partial_phase1_bf16", 1),
              op="token_logprobs_backward_partial"),
         Case("partial_phase2_bf16", "golden", lambda: _partial_inputs("partial_phase2_bf16", 2),

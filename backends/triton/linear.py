@@ -460,11 +460,14 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
 
 
 def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: TritonTarget,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, planes: bool = False) -> torch.Tensor:
     """fp32 [M, N] ``linear`` outputs (no bias) of x [M, K] and weight [N, K] (bf16/fp16) on the
     weight-row exponents ``ew`` int64 [N] (``linear_exponents``): the weight's digits are made in
     registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk).
-    ``out``: an fp32 [M, N] tensor (any row stride, unit column stride) to write them into."""
+    ``out``: an fp32 [M, N] tensor (any row stride, unit column stride) to write them into.
+    ``planes``: where the target's vendor digit GEMM takes these rows (and ``out`` is contiguous),
+    the weight's digit planes are made for this call (3 bytes a weight element) and the vendor GEMM
+    with its fp32 epilogue runs instead (the same integers and rounding: ``linear``'s)."""
     m, k = x.shape
     n = weight.shape[0]
     xd, ex = _digits(x)
@@ -474,6 +477,12 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
     y = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y
+    if planes and m > DECODE_MAX_M and y.is_contiguous():
+        vendor = _vendor_gemm(target, x.device, k, n, m <= MID_MAX_M)
+        if vendor is not None:
+            wd, _ = _digits(weight, ew, activation=False)
+            vendor.digit_gemm_finish(xd, wd, ex, ew.contiguous(), None, y)
+            return y
     _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M, target),
                  w_digits=False, finish=True, atomic=False, out_code=OUT_CODE[torch.float32])
     return y

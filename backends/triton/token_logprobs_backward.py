@@ -163,9 +163,10 @@ class TritonSteps(_generic.Steps):
 
     def fill_logits(self, z: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, vc: int,
                     tau: torch.Tensor | None) -> None:
-        # one launch writes every vocabulary row's logits into z (the weight's digits are made in
-        # registers, so no block of temporaries bounds it), then the same IEEE division by tau in place
-        L.logits(hidden, weight, L.weight_exponents(weight), target=self.target, out=z)
+        # one launch writes every vocabulary row's logits into z (the weight's digits made in registers;
+        # or, where the wgmma GEMM takes these rows, the weight's planes made for this call: 3 bytes a
+        # weight element, 467 MB for Qwen3's LM head), then the same IEEE division by tau in place
+        L.logits(hidden, weight, L.weight_exponents(weight), target=self.target, out=z, planes=True)
         if tau is not None:
             z.div_(tau)
 
