@@ -3,6 +3,8 @@
 #
 # Usage (from the repository root, copied to the current directory):
 #     OUT=/path/to/results RLKERNEL_COMMIT=<sha> bash tools/device_run.sh
+# Give <sha> as this machine's `git rev-parse --short HEAD`, written into the command: the device's
+# copy of the tree may carry a stale .git whose HEAD is an older commit (reports would name it).
 #
 # No pip install: the package-dir mapping of setup.py (rlkernel.contracts -> contracts/, ...) is
 # rebuilt as symlinks in a staging dir put on PYTHONPATH, and `rlkernel` is a shim for
