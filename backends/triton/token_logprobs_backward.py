@@ -6,7 +6,9 @@ step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only
 ``T x H`` glue stays in torch:
 
 * the logits recomputed per token chunk: ``linear``'s fp32 epilogue (:func:`.linear.logits`,
-  the same contract ``linear`` v2 product rounded once), then the same IEEE division by tau;
+  the same contract ``linear`` v2 product rounded once), one launch for the whole vocabulary
+  (more than 64 tokens on sm_90: the wgmma GEMM on the weight's planes made for the call), then
+  the same IEEE division by tau;
 * each chunk's row max and exact grid sum ``S``: ``token_logprobs``' per-token pass
   (``_tlp_rows_kernel``, PHASE 3) over the stored rows;
 * the exponents of the columns of W and h (the rows of W.T and h.T that meet the coefficients):
@@ -23,8 +25,10 @@ step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only
   :func:`._tl_exact.grid_int_f32`); the other operand (W.T or h.T, bf16/fp16, strided views) gets
   its three digits from ``linear``'s digit kernel on the given exponents;
 * the one rounding of d_weight's exact sums, ``RN32(C 2**(ec + eh - 47))`` over ``V x H``
-  elements: ``linear``'s finish kernel (:func:`.linear.linear_finish`; the grids are ``linear``'s,
-  28 + 21 bits, and so is the sentinel).
+  elements: the grids are ``linear``'s (28 + 21 bits, and so is the sentinel), so where pass A
+  kept every token's coefficients the product runs with ``linear``'s fp32 epilogue
+  (:func:`.linear.output_from_planes`, the whole vocabulary in one block: no int64 ``C`` in
+  memory), else ``linear``'s finish kernel rounds the summed ``C`` (:func:`.linear.linear_finish`).
 
 Every step is exact or rounded once as the contract says, so the bits are those of the generic
 backward (the conformance suite checks both against the golden hashes; the interpreter runs the
