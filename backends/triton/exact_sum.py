@@ -612,7 +612,8 @@ def _scatter(terms: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.T
     t = terms.to(torch.float32).contiguous().reshape(terms.shape[0], n)
     idx = index.to(torch.int64)
     order = torch.argsort(idx)  # any order of a row's terms: integer sums
-    counts = torch.bincount(idx, minlength=num_rows)
+    # terms per row (torch.bincount would read the largest index back to the host)
+    counts = torch.zeros(num_rows, dtype=torch.int64, device=idx.device).scatter_add_(0, idx, torch.ones_like(idx))
     starts = torch.cumsum(counts, 0) - counts
     r, chunk = _tiles()
     step = SCATTER_MAX_BLOCKS * r
