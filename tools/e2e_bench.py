@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -134,7 +135,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         f"# End to end: rlkernel vs torch's own ops ({r['config']}, {r['layers']} layers, {r['device_name']})",
         "",
-        f"torch {r['torch']}, command: `{r['command']}`",
+        f"torch {r['torch']}, host {r.get('host', '?')}, command: `{r['command']}`",
         "",
     ]
     if "ratio" in ro:
@@ -205,12 +206,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     config = train_step_time.qwen3_config(args.config, args.layers)
+    from rlkernel import environment
+
     result: dict[str, Any] = {
         "command": "python tools/e2e_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "config": args.config, "layers": config.num_hidden_layers, "prompts": args.prompts,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "temperature": args.temperature,
         "top_k": args.top_k, "top_p": args.top_p, "device": str(device), "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        # both sides' steps are partly host time (ours more): the host is part of the measurement
+        "host": f"{environment.cpu_model() or platform.machine()}, {os.cpu_count()} CPUs",
     }
     model = random_model(config, device)
     g = torch.Generator().manual_seed(0)
