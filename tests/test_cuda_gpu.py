@@ -471,7 +471,6 @@ def test_wgmma_candidate_configs_equal_triton(cfg: tuple[int, int, int, int, int
         _assert_bitwise(want.view(torch.int16), y.view(torch.int16), f"{D.name(cfg)} fused bf16, M={m} K={k} N={n}")
 
 
-
 def test_exact_sum_total_fp64_blocks_equal_the_generic_state_path() -> None:
     """``exact_sum_total`` of four terms an element (a trainer's per-unit weight gradients) over 2**20
     elements whose magnitudes mix close terms (the fp64 blocks) with spreads beyond fp64 and specials
