@@ -380,9 +380,18 @@ def invariance_cases() -> list[InvarianceCase]:
         whole = finished(run, run("exact_sum_partial", terms=terms))
         return [whole, whole], [run("exact_sum_total", terms=terms), run("exact_sum_total", terms=terms[perm])]
 
+    def total_few_permuted(run: Any) -> tuple[Any, Any]:
+        """Four terms an element (a kernel's fp64-first path), added in other orders: where a block's
+        additions are exact depends on the order, the bits do not."""
+        few = _few_terms()["terms"]
+        whole = finished(run, run("exact_sum_partial", terms=few))
+        orders = (torch.tensor([3, 2, 1, 0]), torch.tensor([2, 0, 3, 1]))
+        return [whole] * 3, [run("exact_sum_total", terms=few)] + [run("exact_sum_total", terms=few[o]) for o in orders]
+
     return [
         InvarianceCase("permuted_terms", "permutation", permutation, op="exact_sum_partial"),
         InvarianceCase("total_permuted", "permutation", total_permuted, op="exact_sum_total"),
+        InvarianceCase("total_few_terms_permuted", "permutation", total_few_permuted, op="exact_sum_total"),
         InvarianceCase("reversed_terms", "reduction_order", reduction_order, op="exact_sum_partial"),
         InvarianceCase("micro_batches_merged", "micro_batch", micro_batch, op="exact_sum_partial"),
         InvarianceCase("repeat", "repeat", repeat, op="exact_sum_partial"),
