@@ -216,3 +216,15 @@ def test_other_axes_and_empty():
         gen.accumulate(torch.zeros(3, dtype=torch.float64), dim=0)
     with pytest.raises(ValueError, match="slot axis"):
         gen.merge(torch.zeros(3, 20, dtype=torch.int64), dim=1)
+
+
+def test_one_term_states_equal_the_reference() -> None:
+    """The bench's vectorised one-term states are the reference's canonical states, bit for bit:
+    random bit patterns (subnormals, huge magnitudes, both signs) and the special values."""
+    from rlkernel.contracts.exact_sum import one_term_states, partial_reference
+
+    words = (random_bits(11, 4096) & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 2.0**-149, -(2.0**-149),
+                             3.4028234663852886e38, -3.4028234663852886e38, 1.0, -1.0])
+    t = torch.cat([torch.from_numpy(words.copy()), specials, torch.tensor([0.0])]).reshape(-1, 4)
+    assert_same_states(one_term_states(t), partial_reference(t[None]))
