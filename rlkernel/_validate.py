@@ -53,6 +53,13 @@ def dim_size(op: str, name: str, t: torch.Tensor, axis: int, expected: int, what
         raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}; its axis {axis} must be {what} = {expected}")
 
 
+def int_range(t: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer tensor in one host read (one reduction, one sync: a
+    decode step paid two of each with ``int(t.min()), int(t.max())``)."""
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    return int(lo), int(hi)
+
+
 def capturing(device: torch.device) -> bool:
     """A CUDA graph is being captured on ``device``'s current stream.
 

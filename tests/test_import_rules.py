@@ -83,3 +83,12 @@ def test_the_cli_exception_is_the_one_import_of_the_contracts_package() -> None:
     text = (ROOT / "rlkernel" / "cli.py").read_text()
     imports = re.findall(r"^(\s*)from rlkernel\.contracts(\S*) import (.+)$", text, flags=re.M)
     assert imports and all(indent and sub == "" and names == "load_contracts" for indent, sub, names in imports)
+
+
+def test_triton_host_code_uses_plain_python_helpers() -> None:
+    """``triton.cdiv`` and ``triton.next_power_of_2`` are ``constexpr_function`` objects (Triton
+    3.6+: ~2-4 us a host call, a dozen a linear call); kernels use ``tl.cdiv``, the host ``_common``'s."""
+    root = Path(__file__).resolve().parents[1] / "backends" / "triton"
+    found = [f"{p.name}:{i}" for p in sorted(root.glob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "triton.cdiv(" in line or "triton.next_power_of_2(" in line]
+    assert not found, f"use backends.triton._common.cdiv / next_pow2 on the host: {found}"

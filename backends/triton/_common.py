@@ -32,6 +32,12 @@ def warps_for(block: int) -> int:
     return 1 if block <= 256 else 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
+def next_pow2(n: int) -> int:
+    """The power of two >= n (0 for 0), as ``triton.next_power_of_2``, in plain Python (that one costs ~3 us a
+    host call: it is a ``constexpr_function``)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ints, in plain Python (``triton.cdiv`` costs ~3 us a host call)."""
     return -(-a // b)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
+from ._common import cdiv
 
 #: primitive name -> code of ``_prim_f32_kernel``
 F32_PRIMS = {"exp_c": 0, "log_c": 1, "expo": 2, "bf16": 3, "fp16": 4, "canonical": 5}
@@ -93,7 +94,7 @@ def prim_f32(name: str, x: torch.Tensor) -> torch.Tensor:
     out_dtype = {2: torch.int32, 3: torch.bfloat16, 4: torch.float16}.get(op, torch.float32)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     n = x.numel()
-    _prim_f32_kernel[(triton.cdiv(n, _BLOCK),)](x, y, n, OP=op, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _prim_f32_kernel[(cdiv(n, _BLOCK),)](x, y, n, OP=op, BLOCK=_BLOCK, enable_fp_fusion=False)
     return y
 
 
@@ -101,7 +102,7 @@ def prim_int(s: torch.Tensor, k: torch.Tensor, frac: int = 40) -> tuple[torch.Te
     y = torch.empty(s.shape, dtype=torch.float32, device=s.device)
     q = torch.empty(s.shape, dtype=torch.int64, device=s.device)
     n = s.numel()
-    _prim_int_kernel[(triton.cdiv(n, _BLOCK),)](s, k, y, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _prim_int_kernel[(cdiv(n, _BLOCK),)](s, k, y, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
     return y, q
 
 
@@ -109,14 +110,14 @@ def prim_out(s: torch.Tensor, k: torch.Tensor, out: int) -> torch.Tensor:
     """fp32 [n]: int64 ``s`` [n] times ``2**k`` (int32 [n]) rounded once to format code ``out``."""
     y = torch.empty(s.shape, dtype=torch.float32, device=s.device)
     n = s.numel()
-    _prim_out_kernel[(triton.cdiv(n, _BLOCK),)](s, k, y, n, OUT=out, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _prim_out_kernel[(cdiv(n, _BLOCK),)](s, k, y, n, OUT=out, BLOCK=_BLOCK, enable_fp_fusion=False)
     return y
 
 
 def prim_grid(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     d = torch.empty((3,) + tuple(x.shape), dtype=torch.int8, device=x.device)
     n = x.numel()
-    _prim_grid_kernel[(triton.cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _prim_grid_kernel[(cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
     return d
 
 
@@ -124,7 +125,7 @@ def prim_grid28(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """int8 [4, n]: the balanced digits of fp32 ``x`` [n] on the 28-bit grids ``e`` int32 [n]."""
     d = torch.empty((4,) + tuple(x.shape), dtype=torch.int8, device=x.device)
     n = x.numel()
-    _prim_grid28_kernel[(triton.cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _prim_grid28_kernel[(cdiv(n, _BLOCK),)](x, e, d, n, BLOCK=_BLOCK, enable_fp_fusion=False)
     return d
 
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCH
+from ._common import LAUNCH, cdiv
 
 BLOCK = 1024
 
@@ -55,7 +55,7 @@ def all_reduce(partials: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     if length == 0:
         return out
     over = torch.zeros(length, dtype=torch.int8, device=p.device)
-    _all_reduce_kernel[(triton.cdiv(length, BLOCK),)](p, out, over, world, length, MAX=reduction == "max",
+    _all_reduce_kernel[(cdiv(length, BLOCK),)](p, out, over, world, length, MAX=reduction == "max",
                                                       BLOCK=BLOCK, num_warps=4, **LAUNCH)
     if reduction == "sum" and bool(over.any()):
         i = int(over.nonzero()[0, 0])

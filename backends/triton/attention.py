@@ -50,7 +50,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, f32_bits
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2
 from .linear import _ldexp_clamped
 from .targets import TritonTarget
 
@@ -488,7 +488,7 @@ def _tiles(d: int, rows: int, target: TritonTarget) -> tuple[int, int, int, int]
     (Q @ K^T and R @ V): at least 32, the K of the int8 MMA instructions (BLOCK_D = 16 for head
     dims <= 16 failed to compile on the H200). Decode (rows <= 16) takes 16-row blocks, the
     smallest M of the MMA."""
-    bd = max(32, triton.next_power_of_2(d))
+    bd = max(32, next_pow2(d))
     if SMALL_TILES or rows <= 16:
         return 16, 32, bd, 1 if SMALL_TILES else target.attention_warps
     return 32, 32, bd, target.attention_warps
@@ -532,7 +532,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
     group = hq // hkv
     bm, bn, bd, warps = _tiles(d, max_lq * group, target)
     dummy = cu_q
-    grid = (triton.cdiv(max_lq * group, bm), n_seq, hkv)
+    grid = (cdiv(max_lq * group, bm), n_seq, hkv)
     _attention_fwd_kernel[grid](
         q, k, v, out, cu_q, cu_k if cu_k is not None else dummy, lens_k if lens_k is not None else dummy,
         table if table is not None else dummy,

@@ -43,7 +43,7 @@ from rlkernel.backends.generic import attention_backward as _generic
 
 from . import _tl_exact as E
 from . import attention as _attention
-from ._common import LAUNCH, OUT_CODE, f32_bits
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits
 from .attention import _key_scores, _p_tile, _pass_maxima, _q_block, _row_digits, _tiles, check_head_dim
 from .targets import TritonTarget
 
@@ -260,7 +260,7 @@ class TritonSteps(_generic.Steps):
         table = torch.tensor([x for s in seqs for x in s], dtype=torch.int64, pin_memory=dev.type == "cuda")
         table = table.to(dev, non_blocking=True)
         bm, bn, bd, warps = _tiles(d, big_q * group, self.target)
-        grid = (triton.cdiv(big_q * group, bm), n, h)
+        grid = (cdiv(big_q * group, bm), n, h)
         _abw_ds_kernel[grid](
             q, k, v, grad_out, out, table, dsr, pr, bad,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -279,7 +279,7 @@ class TritonSteps(_generic.Steps):
         if y.numel() == 0:
             return y
         bm, bn, bk, warps = PRODUCT_SMALL_TILE if _attention.SMALL_TILES else PRODUCT_TILE
-        grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), nb)
+        grid = (cdiv(m, bm), cdiv(n, bn), nb)
         _abw_product_kernel[grid](x, w, y, x.stride(0), x.stride(1), x.stride(2), w.stride(0), w.stride(1),
                                   w.stride(2), m, n, k, scale[0], scale[1], OUT=OUT_CODE[dtype], BLOCK_M=bm,
                                   BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **LAUNCH)

@@ -35,7 +35,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, f32_bits
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2
 from .attention import (
     F64_KEYS,
     _dot9_levels,
@@ -232,10 +232,10 @@ def _splits(n_tiles: int, bn: int, programs: int, device: torch.device, target: 
     max_tiles = F64_KEYS // bn if target.attention_f64 else (2**31 - 1) // (3 * bn * 64 * 64)
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    want = max(1, min(n_tiles, triton.cdiv(target.split_k_waves * sms, max(1, programs))),
-               triton.cdiv(n_tiles, max_tiles))
-    per = triton.cdiv(n_tiles, want)
-    return triton.cdiv(n_tiles, per), per
+    want = max(1, min(n_tiles, cdiv(target.split_k_waves * sms, max(1, programs))),
+               cdiv(n_tiles, max_tiles))
+    per = cdiv(n_tiles, want)
+    return cdiv(n_tiles, per), per
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -284,10 +284,10 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     bm, bn, bd, warps = _tiles(d, max_lq * group, target)
     rows_path = target.attention_f64 and max_lq * group <= target.attention_rows_max and not ROWS_OFF
     if rows_path:  # decode: the few packed rows of a block on the fp64 CUDA cores (_rows_stats_kernel)
-        bm, bn, warps = triton.next_power_of_2(max_lq * group), ROWS_BLOCK_N, target.attention_warps
+        bm, bn, warps = next_pow2(max_lq * group), ROWS_BLOCK_N, target.attention_warps
     max_keys = table.shape[1] * bs
-    n_tiles = max(1, triton.cdiv(max_keys, bn))
-    m_blocks = triton.cdiv(max_lq * group, bm)
+    n_tiles = max(1, cdiv(max_keys, bn))
+    m_blocks = cdiv(max_lq * group, bm)
     n_split, per = _splits(n_tiles, bn, m_blocks * n_seq * hkv, q.device, target)
     s_width = n_tiles * bn
     store_s = tq * hq * s_width * 4 <= STORE_S_MAX_BYTES
@@ -310,7 +310,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         _sums_kernel[grid](*args, **consts, num_warps=max(warps, target.attention_sums_warps),
                            num_stages=target.attention_paged_stages, **LAUNCH)
     br = 16
-    _finish_kernel[(triton.cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w, n_split,
+    _finish_kernel[(cdiv(tq * hq, br),)](acc, out, tq * hq, hq, out.stride(0), out.stride(1), d, acc_w, n_split,
                                                OUT=OUT_CODE[q.dtype], BLOCK_R=br, BLOCK_D=bd,
                                                num_warps=4, **LAUNCH)
     return out

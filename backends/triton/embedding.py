@@ -5,7 +5,7 @@ four extra launches and a sync): an id outside ``[0, V)`` never reads outside th
 output row is the canonical NaN) and is counted, by an integer ``atomic_add``, in a one-word
 error buffer. Eager, the launcher reads that word once after the kernel and, only when it is not
 zero, finds the first bad id and raises :class:`rlkernel._validate.IdOutOfRange`; under
-CUDA-graph capture it reads nothing (the capturing caller vouches for the ids, as the public op
+CUDA-graph capture it neither zeroes nor reads it (the capturing caller vouches for the ids, as the public op
 documents). The kernel copies bits (NaN payloads are replaced by the canonical NaN of the dtype,
 P8).
 """
@@ -61,11 +61,13 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if length >= 1 << 31:
         raise ValueError(f"embedding: {length} ids; expected fewer than 2**31 (the error count is int32); "
                          f"split the ids into batches")
-    err = torch.zeros(1, dtype=torch.int32, device=weight.device)
+    capturing = v.capturing(weight.device)
+    # captured, the count is never read: no zero fill (a graph node of its own beside a 2 us gather)
+    err = (torch.empty if capturing else torch.zeros)(1, dtype=torch.int32, device=weight.device)
     block = pow2_block(hidden, 16, 4096)
     _embedding_fwd_kernel[(length,)](ids.contiguous(), weight, out, err, weight.shape[0], hidden, weight.stride(0),
                                      weight.stride(1), OUT=OUT_CODE[weight.dtype], BLOCK=block, num_warps=4, **LAUNCH)
-    if not v.capturing(weight.device):
+    if not capturing:
         if int(err[0]):  # the one host read: a 4-byte copy after the kernel
             bad = ((ids < 0) | (ids >= weight.shape[0])).nonzero()  # only when there is an error
             raise v.IdOutOfRange("embedding", int(bad[0, 0]))

@@ -43,7 +43,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE
+from ._common import LAUNCH, OUT_CODE, cdiv, next_pow2
 from .targets import TritonTarget
 
 #: grid magnitude bits of x rows (28-bit grid, 4 digits) and weight rows (21-bit grid, 3 digits)
@@ -303,11 +303,11 @@ def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False, n: int
         bm, bn = target.linear_mid[:2]
         if target.linear_mid_few is not None and device is not None and device.type == "cuda":
             sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-            if triton.cdiv(m, bm) * triton.cdiv(n, bn) <= MID_FEW_WAVES * sms:
+            if cdiv(m, bm) * cdiv(n, bn) <= MID_FEW_WAVES * sms:
                 return target.linear_mid_few
         return target.linear_mid
     if decode:
-        bm = max(16, triton.next_power_of_2(m))
+        bm = max(16, next_pow2(m))
         bn, bk, warps, stages = target.linear_decode
         return bm, bn, bk, warps, stages
     return target.linear_prefill
@@ -331,10 +331,10 @@ def _prefill_k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
             PREFILL_SPLIT_MIN_STEPS
     else:
         return k
-    splits = min(sms // max(tiles, 1), triton.cdiv(k, bk) // min_steps)
+    splits = min(sms // max(tiles, 1), cdiv(k, bk) // min_steps)
     if splits <= 1:
         return k
-    return triton.cdiv(triton.cdiv(k, bk), splits) * bk
+    return cdiv(cdiv(k, bk), splits) * bk
 
 
 def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTarget) -> int:
@@ -346,10 +346,10 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTa
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 2
-    splits = min(triton.cdiv(k, bk), triton.cdiv(target.split_k_waves * sms, tiles))
+    splits = min(cdiv(k, bk), cdiv(target.split_k_waves * sms, tiles))
     if splits <= 1:
         return k
-    return triton.cdiv(triton.cdiv(k, bk), splits) * bk
+    return cdiv(cdiv(k, bk), splits) * bk
 
 
 def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: torch.Tensor, ew: torch.Tensor,
@@ -360,7 +360,7 @@ def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: t
     m, k = xd.shape[1], xd.shape[2]
     n = weight.shape[0]
     bm, bn, bk, warps, stages = tiles
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), triton.cdiv(k, k_split))
+    grid = (cdiv(m, bm), cdiv(n, bn), cdiv(k, k_split))
     _linear_gemm_kernel[grid](
         xd, wd, ex, ew, bias if bias is not None else out, out,
         m, n, k, k_split, m * k, n * k, weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
@@ -416,7 +416,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, 
                            ex, torch.full((n,), ZERO_EXP, dtype=torch.int64, device=x.device), bias, out_dtype), ex, ew
         return y.zero_(), ex, ew
     bm, bn, bk, warps, stages = _tiles(m, decode, target, mid, n, x.device)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     k_split = _k_split(tiles, k, bk, x.device, target) if decode else _prefill_k_split(tiles, k, bk, x.device)
     atomic = k_split < k
     acc = torch.zeros((m, n), dtype=torch.int64, device=x.device) if atomic and finish else y.zero_() if atomic else y
@@ -453,7 +453,7 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
         return y
     acc = acc.contiguous()
     bm, bn = FINISH_TILE
-    _linear_finish_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+    _linear_finish_kernel[(cdiv(m, bm), cdiv(n, bn))](
         acc, ex.contiguous(), ew.contiguous(), bias if bias is not None else y, y, m, n,
         HAS_BIAS=bias is not None, OUT=OUT_CODE[out_dtype], BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **LAUNCH)
     return y

@@ -29,7 +29,7 @@ from rlkernel.backends.generic import rl as _generic
 
 from . import _tl_exact as E
 from . import _tl_superacc as S
-from ._common import LAUNCH, f32_bits
+from ._common import LAUNCH, cdiv, f32_bits
 
 BLOCK = 1024
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -37,6 +37,11 @@ MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 TILES = ((32, 16), (8, 64), (1, 512))
 #: warps of the row kernels (the 16-limb one-hot of a [rows, columns] step lives in registers)
 ROW_WARPS = 8
+#: group_advantages' tile and warps for groups of fewer than 64 rewards (GRPO's 4-64 samples a
+#: prompt): 4 groups a program, so 512 groups make 128 programs (32 a program gave 16 programs on
+#: 132 SMs: 50 us on an H100 for 8192 rewards); longer groups take the row kernels' tiles
+GROUP_TILE = (4, 16)
+GROUP_WARPS = 2
 #: token-mean splits long rows over programs up to about this many programs
 TARGET_PROGRAMS = 256
 #: longest row the kernels take (one program's raw limb sums stay below 2**23 terms); longer rows
@@ -67,7 +72,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     out = torch.empty(lp.shape, dtype=torch.float32, device=lp.device)
     n = lp.numel()
     if n:
-        _kl_k3_fwd_kernel[(triton.cdiv(n, BLOCK),)](lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
+        _kl_k3_fwd_kernel[(cdiv(n, BLOCK),)](lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
     return out
 
 
@@ -102,7 +107,7 @@ def kl_k3_backward(grad: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tenso
     out = torch.empty(lp.shape, dtype=torch.float32, device=lp.device)
     n = lp.numel()
     if n:
-        _kl_k3_bwd_kernel[(triton.cdiv(n, BLOCK),)](g, lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
+        _kl_k3_bwd_kernel[(cdiv(n, BLOCK),)](g, lp, ref, out, n, BLOCK=BLOCK, num_warps=4, **LAUNCH)
     return out
 
 
@@ -210,15 +215,15 @@ def _reduce(x: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float |
     if b and t:
         rb, tb = _tile(t)
         m = mask.contiguous().view(torch.uint8)
-        n_rb = triton.cdiv(b, rb)
+        n_rb = cdiv(b, rb)
         if mode == "token-mean":
-            splits = max(1, min(triton.cdiv(t, tb), TARGET_PROGRAMS // n_rb))
+            splits = max(1, min(cdiv(t, tb), TARGET_PROGRAMS // n_rb))
             if SMALL_TILES:
-                splits = triton.cdiv(t, tb)
+                splits = cdiv(t, tb)
         else:
             splits = 1
-        cols = triton.cdiv(triton.cdiv(t, splits), tb) * tb
-        splits = triton.cdiv(t, cols)
+        cols = cdiv(cdiv(t, splits), tb) * tb
+        splits = cdiv(t, cols)
         if ppo is None:
             old, adv, adv_row, lo, hi, dual = x, x, False, 0.0, 0.0, None
         else:
@@ -398,13 +403,13 @@ def masked_mean_backward(grad: torch.Tensor, mask: torch.Tensor, mode: str = "to
     buf = torch.zeros(b + 2, dtype=torch.int64, device=dev)
     cnt, tot = buf[:b], buf[b:]
     rb, tb = _tile(t)
-    n_rb = triton.cdiv(b, rb)
+    n_rb = cdiv(b, rb)
     _mm_counts_kernel[(n_rb,)](m, cnt, tot, b, t, RB=rb, TB=tb, num_warps=ROW_WARPS, **LAUNCH)
-    splits = max(1, min(triton.cdiv(t, tb), TARGET_PROGRAMS // n_rb))
+    splits = max(1, min(cdiv(t, tb), TARGET_PROGRAMS // n_rb))
     if SMALL_TILES:
-        splits = triton.cdiv(t, tb)
-    cols = triton.cdiv(triton.cdiv(t, splits), tb) * tb
-    _mm_bwd_kernel[(n_rb, triton.cdiv(t, cols))](
+        splits = cdiv(t, tb)
+    cols = cdiv(cdiv(t, splits), tb) * tb
+    _mm_bwd_kernel[(n_rb, cdiv(t, cols))](
         g, m, cnt, tot, out, b, t, cols, MODES.index(mode), f32_bits(denominator if denominator is not None else 1.0),
         int(denominator is not None), RB=rb, TB=tb, num_warps=ROW_WARPS, **LAUNCH)
     return out
@@ -492,9 +497,12 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6, scale: bool = Tru
         dispatch.note_kernel(GENERIC_VARIANT)
         return _generic.group_advantages(r, eps, scale)
     rb, tb = _tile(n)
-    _group_adv_kernel[(triton.cdiv(g, rb),)](
+    warps = ROW_WARPS
+    if n < 64 and not SMALL_TILES:
+        (rb, tb), warps = GROUP_TILE, GROUP_WARPS
+    _group_adv_kernel[(cdiv(g, rb),)](
         r, out, g, n, f32_bits(float(n)), f32_bits(float(n - 1)), f32_bits(eps), int(scale),
-        RB=rb, TB=tb, num_warps=ROW_WARPS, **LAUNCH)
+        RB=rb, TB=tb, num_warps=warps, **LAUNCH)
     return out
 
 
@@ -521,10 +529,11 @@ def static_specs(target):
                        "B": "i32", "T": "i32", "cols_per_split": "i32", "mode": "i32", "den_bits": "i32",
                        "has_den": "i32", "RB": "constexpr", "TB": "constexpr"}, {"RB": rb, "TB": tb},
                       {"num_warps": ROW_WARPS}))
+    for (rb, tb), warps in ((GROUP_TILE, GROUP_WARPS), (TILES[1], ROW_WARPS), (TILES[2], ROW_WARPS)):
         specs.append(("group_advantages", f"groups_{rb}x{tb}", _group_adv_kernel,
                       {"r_ptr": "*fp32", "y_ptr": "*fp32", "G": "i32", "N": "i32", "n_bits": "i32",
                        "nm1_bits": "i32", "eps_bits": "i32", "scale": "i32", "RB": "constexpr", "TB": "constexpr"},
-                      {"RB": rb, "TB": tb}, {"num_warps": ROW_WARPS}))
+                      {"RB": rb, "TB": tb}, {"num_warps": warps}))
     for op in ("masked_mean", "ppo_loss"):
         for partial in (False, True):
             specs.append((op, f"finish_{'partial' if partial else 'mean'}", _finish_kernel,

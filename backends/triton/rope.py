@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE
+from ._common import LAUNCH, OUT_CODE, next_pow2
 
 
 @triton.jit
@@ -46,8 +46,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     heads = x.shape[1] if x.dim() == 3 else 1
     half = x.shape[-1] // 2
     cos, sin = cos.contiguous(), sin.contiguous()
-    block_d = max(16, triton.next_power_of_2(half))
-    block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_d))
+    block_d = max(16, next_pow2(half))
+    block_h = max(1, min(next_pow2(heads), 4096 // block_d))
     _rope_fwd_kernel[(tokens,)](xc, positions.contiguous(), cos, sin, out, heads, half, cos.stride(0),
                                 OUT=OUT_CODE[x.dtype], BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4, **LAUNCH)
     return out

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
-from ._common import LAUNCH
+from ._common import LAUNCH, cdiv
 from .targets import TritonTarget
 
 MAX_VOCAB = 1 << 18
@@ -240,10 +240,10 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
 
 def _chunking(b: int, v: int) -> tuple[int, int]:
     """(S programs per row, tokens per program): shape-only, about PROGRAMS programs in all."""
-    blocks = triton.cdiv(v, SPLIT_BLOCK)
-    s = max(1, min(blocks, MAX_SPLITS, triton.cdiv(PROGRAMS, max(b, 1))))
-    per = triton.cdiv(blocks, s)
-    return triton.cdiv(blocks, per), per * SPLIT_BLOCK
+    blocks = cdiv(v, SPLIT_BLOCK)
+    s = max(1, min(blocks, MAX_SPLITS, cdiv(PROGRAMS, max(b, 1))))
+    per = cdiv(blocks, s)
+    return cdiv(blocks, per), per * SPLIT_BLOCK
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

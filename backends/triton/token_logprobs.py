@@ -28,7 +28,7 @@ from rlkernel import dispatch
 
 from . import _tl_exact as E
 from . import linear as L
-from ._common import LAUNCH, cdiv, f32_bits
+from ._common import LAUNCH, cdiv, f32_bits, next_pow2
 from .targets import TritonTarget
 
 MAX_VOCAB = 1 << 22
@@ -122,7 +122,7 @@ def _token_chunk(t: int, v: int) -> int:
         return 16
     rows = max(16, LOGITS_BUDGET // max(1, 4 * v))
     rows = rows // 128 * 128 if rows >= 128 else rows // 16 * 16
-    return max(16, min(rows, triton.next_power_of_2(t)))
+    return max(16, min(rows, next_pow2(t)))
 
 
 def _key_to_f32(key: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:

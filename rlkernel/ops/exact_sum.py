@@ -78,9 +78,10 @@ def exact_sum_partial(terms: torch.Tensor, index: torch.Tensor | None = None,
         raise ValueError(f"{op}: index has shape {tuple(index.shape)}; expected [{terms.shape[0]}] (one output row "
                          f"per term of terms [S, *E])")
     device = v.same_device(op, [("terms", terms), ("index", index)])
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_rows):
-        raise ValueError(f"{op}: index values lie in [{int(index.min())}, {int(index.max())}]; expected "
-                         f"[0, num_rows = {num_rows})")
+    if index.numel():
+        lo, hi = v.int_range(index)
+        if lo < 0 or hi >= num_rows:
+            raise ValueError(f"{op}: index values lie in [{lo}, {hi}]; expected [0, num_rows = {num_rows})")
     return dispatch.call(op, device, terms=terms, index=index.to(torch.int64), num_rows=num_rows)
 
 

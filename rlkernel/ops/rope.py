@@ -248,7 +248,7 @@ def _rows_needed(op: str, positions: torch.Tensor) -> int:
     """Table rows the positions need (reads them: not during a CUDA-graph capture)."""
     if not positions.numel():
         return 1
-    lo, hi = int(positions.min()), int(positions.max())
+    lo, hi = v.int_range(positions)
     if lo < 0 or hi >= MAX_POSITION:
         raise ValueError(f"{op}: positions span [{lo}, {hi}]; expected every position in [0, 2**24). "
                          f"Positions are per sequence; reset them at each sequence start")

@@ -81,7 +81,7 @@ def _operands(op: str, hidden: object, weight: object, targets: object, weight_n
 def _targets_in(op: str, targets: torch.Tensor, low: int, high: int, what: str) -> None:
     if targets.numel() == 0 or v.capturing(targets.device):  # a CUDA-graph capture cannot read them on the host
         return
-    lo, hi = int(targets.min()), int(targets.max())
+    lo, hi = v.int_range(targets)
     if lo < low or hi >= high:
         bad = lo if lo < low else hi
         raise ValueError(f"{op}: targets holds {bad}; expected token ids in [{low}, {high}) ({what}). "
