@@ -867,4 +867,27 @@ def bench_cases() -> list[BenchCase]:
         cases.append(BenchCase(name=f"{model}_m{m}_k{k}_n{n}_bf16", make=make, native=_native,
                                flops=2.0 * m * n * k, bytes=2.0 * (m * k + n * k + m * n), sizes=(size,),
                                graph=m <= 64 or model == "qwen3_0.6b"))
+    # the same decode shapes as the rollout's decode graphs run them: the weight's row exponents
+    # (M <= 64) or exponents and digit planes (M 256 on sm_90's wgmma kernel) made once per weight
+    # and passed in. Eager, the op checks them against the weight (a read and a sync); captured, the
+    # caller vouches for them, so the graph ratio is the engine's decode step
+    for model, (m, k, n), planes in (("qwen3_8b", (1, 4096, 4096), False), ("qwen3_8b", (8, 4096, 12288), False),
+                                     ("qwen3_8b", (64, 4096, 4096), False), ("qwen3_0.6b", (256, 2048, 1024), True),
+                                     ("qwen3_0.6b", (256, 3072, 1024), True)):
+        def make_given(device: torch.device, m: int = m, k: int = k, n: int = n,
+                       planes: bool = planes) -> dict[str, Any]:
+            weight = _bench_tensor("w", n, k, 0.02, device)
+            ew, digits = reference_weight_digits(weight) if planes else (_exponents(weight), None)
+            given = {"weight_exponents": ew} | ({"weight_digits": digits} if planes else {})
+            return {"x": _bench_tensor("x", m, k, 1.0, device), "weight": weight} | given
+
+        cases.append(BenchCase(name=f"{model}_m{m}_k{k}_n{n}_bf16_{'planes' if planes else 'exponents'}_given",
+                               make=make_given, native=_native_given, flops=2.0 * m * n * k,
+                               bytes=2.0 * (m * k + n * k + m * n), sizes=("large",), graph=True))
     return cases
+
+
+def _native_given(x: torch.Tensor, weight: torch.Tensor, weight_exponents: torch.Tensor,
+                  weight_digits: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's linear; the weight's exponents and planes are rlkernel's alone (nothing to pass)."""
+    return torch.nn.functional.linear(x, weight)

@@ -66,6 +66,15 @@ def test_triton_primitives_on_the_gpu() -> None:
     assert not failed, "\n".join(failed)
 
 
+def test_all_reduce_overflow_count_on_the_gpu() -> None:
+    """all_reduce's per-block overflow count (an int32 atomic) and the host's one read raise on the
+    GPU as under the interpreter; an intermediate overflow whose total fits does not."""
+    from test_cuda_interpreter import _all_reduce_overflow_check
+
+    rec = _all_reduce_overflow_check("cuda")
+    assert rec["status"] == "pass", rec["detail"]
+
+
 @pytest.mark.parametrize("n, k", [(4096, 4096), (1024, 2048), (1024, 3072)])
 def test_linear_decode_and_prefill_paths_agree(n: int, k: int) -> None:
     """M = 256 takes the prefill path (N = 1024: 32 output tiles, K split over programs with int64

@@ -235,7 +235,8 @@ def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
         return call
 
     P = SimpleNamespace(**{name: on_device(getattr(prims, name))
-                           for name in ("prim_f32", "prim_int", "prim_out", "prim_grid", "prim_grid28")})
+                           for name in ("prim_f32", "prim_int", "prim_out", "prim_grid", "prim_grid28",
+                                        "prim_fixed_abs")})
 
     from rlkernel.contracts._exact import fixed as FX
     from rlkernel.contracts._exact import fp32 as F
@@ -271,6 +272,17 @@ def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
     rec("int64_to_f32+ldexp_c", y_ref, y)
     rec("to_fixed_F40", FX.quantize(torch.where(torch.isfinite(y_ref), y_ref, 0.0), F.expo(
         torch.where(torch.isfinite(y_ref), y_ref, 0.0)), 40), q)
+    # P4 on the absolute grid in fp32 arithmetic (softmax's sums): exp_c's values in [0, 1], ties
+    # (2k + 1) * 2**-41 and their neighbours, subnormals, both signs, magnitudes up to 2**21, specials
+    p = T.exp_c(-ramp.abs())
+    tie = ((torch.randint(0, 1 << 23, (4000,), generator=g) * 2 + 1).to(torch.float64) * 2.0**-41).to(torch.float32)
+    wide = bits.view(torch.float32)
+    wide = wide[torch.isfinite(wide) & (wide.abs() < 2.0**21)]
+    u = torch.cat([p, tie, torch.nextafter(tie, torch.ones_like(tie)), torch.nextafter(tie, torch.zeros_like(tie)),
+                   -tie, wide, specials, torch.tensor([2.0**21 - 1.0, -(2.0**21), 2.0**-149, 8388607.5 * 2.0**-40])])
+    u = u[~torch.isfinite(u) | (u.abs() < 2.0**22)]  # its domain: |u| * 2**40 < 2**62, and the specials
+    u_fin = torch.where(torch.isfinite(u), u, 0.0)
+    rec("to_fixed_abs_F40", FX.quantize(u_fin, torch.zeros_like(u_fin, dtype=torch.int64), 40), P.prim_fixed_abs(u))
     # P3' straight to each format (linear's epilogue, the paged finish): magnitudes of every bit
     # length, exponents across the subnormal and overflow edges, ties at 24, 11 and 8 bits
     ties = torch.tensor([(2**24 + 1) << 5, (2**24 + 3) << 9, -((2**24 + 1) << 30), (2**11 + 1) << 3, (2**11 + 3) << 40,
@@ -387,7 +399,8 @@ def run_sample_split_checks() -> list[dict[str, Any]]:
 def run_split_checks() -> list[dict[str, Any]]:
     """softmax / log_softmax golden cases with split rows of few programs: 32-column tiles and
     three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
-    the same split path with one tile per program); plus embedding's in-kernel id check."""
+    the same split path with one tile per program); plus embedding's in-kernel id check and
+    all_reduce's overflow count."""
     from rlkernel.backends.triton import softmax
 
     saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS)
@@ -401,7 +414,35 @@ def run_split_checks() -> list[dict[str, Any]]:
     finally:
         softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
     records.append(_embedding_bad_id_check())
+    records.append(_all_reduce_overflow_check())
     return records
+
+
+def _all_reduce_overflow_check(device: str = "cpu") -> dict[str, Any]:
+    """``all_reduce``'s overflow count on the cuda kernel: a total outside int64 raises naming its
+    first element (in the second block of 1024: the count is per block); an intermediate overflow
+    whose total fits does not raise."""
+    from rlkernel.dispatch import use_backend
+    from rlkernel.public import public_op
+
+    rec: dict[str, Any] = {"case": "all_reduce/overflow", "op": "all_reduce", "kind": "error"}
+    big = 1 << 62
+    partials = torch.zeros((2, 3000), dtype=torch.int64)
+    partials[:, 1500] = big
+    partials[:, 2900] = -big - 7
+    fine = torch.tensor([[big], [big], [-big], [5]])
+    partials, fine = partials.to(device), fine.to(device)
+    with use_backend("cuda"):
+        if public_op("all_reduce")(partials=fine).tolist() != [big + 5]:
+            rec.update(status="fail", detail="2**62 + 2**62 - 2**62 + 5 did not give 2**62 + 5")
+            return rec
+        try:
+            public_op("all_reduce")(partials=partials)
+            rec.update(status="fail", detail="no error for a total of 2**63 at index 1500")
+        except ValueError as exc:
+            ok = "the exact sum at flat index 1500 is 9223372036854775808, outside int64" in str(exc)
+            rec.update(status="pass" if ok else "fail", detail="" if ok else str(exc))
+    return rec
 
 
 def _embedding_bad_id_check() -> dict[str, Any]:

@@ -49,6 +49,15 @@ def _prim_int_kernel(s_ptr, k_ptr, y_ptr, q_ptr, n, FRAC: tl.constexpr, BLOCK: t
 
 
 @triton.jit
+def _prim_fixed_abs_kernel(x_ptr, q_ptr, n, FRAC: tl.constexpr, BLOCK: tl.constexpr):
+    """q = to_fixed_abs(x, FRAC): RNE(x * 2**FRAC) as int64 in fp32 arithmetic (absolute grid)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(q_ptr + offs, E.to_fixed_abs(x, FRAC), mask=mask)
+
+
+@triton.jit
 def _prim_out_kernel(s_ptr, k_ptr, y_ptr, n, OUT: tl.constexpr, BLOCK: tl.constexpr):
     """y = int64_to_out(s, k, OUT): ``s * 2**k`` rounded once to format OUT (0 fp32, 1 bf16, 2 fp16), as fp32."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -106,6 +115,14 @@ def prim_int(s: torch.Tensor, k: torch.Tensor, frac: int = 40) -> tuple[torch.Te
     return y, q
 
 
+def prim_fixed_abs(x: torch.Tensor, frac: int = 40) -> torch.Tensor:
+    """int64 [n]: ``to_fixed_abs`` of fp32 ``x`` [n] (``|x| * 2**frac < 2**62``; 0 for non-finite x)."""
+    q = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+    n = x.numel()
+    _prim_fixed_abs_kernel[(cdiv(n, _BLOCK),)](x, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return q
+
+
 def prim_out(s: torch.Tensor, k: torch.Tensor, out: int) -> torch.Tensor:
     """fp32 [n]: int64 ``s`` [n] times ``2**k`` (int32 [n]) rounded once to format code ``out``."""
     y = torch.empty(s.shape, dtype=torch.float32, device=s.device)
@@ -140,6 +157,9 @@ def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[st
     specs.append(("primitives", "int64_to_f32+ldexp_c+to_fixed", _prim_int_kernel,
                   {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "q_ptr": "*i64", "n": "i32",
                    "FRAC": "constexpr", "BLOCK": "constexpr"}, {"FRAC": 40, "BLOCK": _BLOCK}))
+    specs.append(("primitives", "to_fixed_abs", _prim_fixed_abs_kernel,
+                  {"x_ptr": "*fp32", "q_ptr": "*i64", "n": "i32", "FRAC": "constexpr", "BLOCK": "constexpr"},
+                  {"FRAC": 40, "BLOCK": _BLOCK}))
     for out, name in enumerate(("fp32", "bf16", "fp16")):
         specs.append(("primitives", f"int64_to_out_{name}", _prim_out_kernel,
                       {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "n": "i32", "OUT": "constexpr",

@@ -264,6 +264,33 @@ def to_fixed(t, e, FRAC: tl.constexpr):
 
 
 @triton.jit
+def to_fixed_abs(t, FRAC: tl.constexpr):
+    """``to_fixed(t, 0, FRAC)`` on the absolute grid in fp32 arithmetic, for ``|t| * 2**FRAC < 2**62``
+    (softmax's ``p <= 1``; the same int64 there, 0 for non-finite ``t``).
+
+    With ``c = 2**(23 - FRAC)``: below c, ``(|t| + c) - c`` rounds ``|t|`` once to a multiple of
+    ``2**-FRAC`` (RNE: the sum's ulp is ``2**-FRAC``, the difference exact); from c up ``|t|`` is such
+    a multiple already; ``y = |t| * 2**FRAC`` is then an exact scale to an integer below 2**62. Below
+    2**23 the int32 conversion of y is exact; from 2**23 up y's significand shifted by its exponent.
+    No product feeds an addition (R1: a compiler may not fuse them; the AMD compiler fused
+    ``|t| * 2**FRAC + 2**23`` into an fma) and there is no fp32 -> int64 conversion (the AMD compiler
+    expands it with fmas). A few fp32 and integer operations where ``to_fixed``'s decoding and
+    rounding take ~20 int64 operations (the softmax sum kernel was bound by them).
+    """
+    a = tl.abs(t)
+    c = 2.0 ** (23 - FRAC)
+    a = tl.where(a < c, (a + c) - c, a)
+    y = a * (2.0 ** FRAC)
+    y = tl.where(y < 4611686018427387904.0, y, 0.0)  # NaN and inf (and |t| * 2**FRAC >= 2**62): 0
+    small = tl.minimum(y, 8388608.0).to(tl.int32).to(tl.int64)  # exact below 2**23
+    b = f32_bits(y)
+    shift = tl.maximum(((b >> 23) & 0xFF) - 150, 0).to(tl.int64)
+    big = ((b & 0x7FFFFF) | 0x800000).to(tl.int64) << shift  # y >= 2**23: an integer, < 2**62
+    q = tl.where(y < 8388608.0, small, big)
+    return tl.where(t < 0, -q, q)
+
+
+@triton.jit
 def from_fixed(total, e, FRAC: tl.constexpr):
     """fp32 of the exact ``total * 2**(e - FRAC)``: one rounding (P3), then ldexp_c (P2)."""
     return ldexp_c(int64_to_f32(total), e - FRAC)

@@ -3,7 +3,10 @@
 This is the local combine of partials already gathered on one device (the TP simulation of the
 conformance suite, or the step after an NCCL all-gather). The sum is exact in any order; its
 overflow check splits each value into a signed high and an unsigned low 32-bit half, sums the
-halves separately (exact for world < 2**31) and tests that the carried high sum fits int32.
+halves separately (exact for world < 2**31) and tests that the carried high sum fits int32. A
+block with an overflow adds 1 to a one-word count (an integer ``atomic_add``), which the launcher
+reads once; only when it is not zero does it find the first such element (the same split sums in
+torch) for the error message.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ def _all_reduce_kernel(p_ptr, out_ptr, over_ptr, world, L, MAX: tl.constexpr, BL
             lo += v & 0xFFFFFFFF
             hi += v >> 32
         hi += lo >> 32
-        over = (hi < -2147483648) | (hi > 2147483647)
+        over = mask & ((hi < -2147483648) | (hi > 2147483647))
         tl.store(out_ptr + offs, acc, mask=mask)
-        tl.store(over_ptr + offs, over.to(tl.int8), mask=mask)
+        if tl.max(over.to(tl.int32), axis=0) != 0:
+            tl.atomic_add(over_ptr, 1)
 
 
 def all_reduce(partials: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
@@ -54,19 +58,26 @@ def all_reduce(partials: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     out = torch.empty(length, dtype=torch.int64, device=p.device)
     if length == 0:
         return out
-    over = torch.zeros(length, dtype=torch.int8, device=p.device)
+    over = torch.zeros(1, dtype=torch.int32, device=p.device)
     _all_reduce_kernel[(cdiv(length, BLOCK),)](p, out, over, world, length, MAX=reduction == "max",
                                                       BLOCK=BLOCK, num_warps=4, **LAUNCH)
-    if reduction == "sum" and bool(over.any()):
-        i = int(over.nonzero()[0, 0])
+    if reduction == "sum" and int(over[0]):  # the one host read: a 4-byte copy after the kernel
+        i = _first_overflow(p)
         exact = sum(int(v) for v in p[:, i].tolist())
         raise ValueError(f"all_reduce: the exact sum at flat index {i} is {exact}, outside int64 "
                          f"[-2**63, 2**63); the partials' bound is broken (use fewer terms per sum)")
     return out
 
 
+def _first_overflow(p: torch.Tensor) -> int:
+    """The first element whose exact sum over axis 0 leaves int64 (the kernel's split sums, in torch)."""
+    lo = (p & 0xFFFFFFFF).sum(dim=0)
+    hi = (p >> 32).sum(dim=0) + (lo >> 32)
+    return int(((hi < -(2**31)) | (hi > 2**31 - 1)).nonzero()[0, 0])
+
+
 def static_specs(target):
     return [("all_reduce", name, _all_reduce_kernel,
-             {"p_ptr": "*i64", "out_ptr": "*i64", "over_ptr": "*i8", "world": "i32", "L": "i64",
+             {"p_ptr": "*i64", "out_ptr": "*i64", "over_ptr": "*i32", "world": "i32", "L": "i64",
               "MAX": "constexpr", "BLOCK": "constexpr"}, {"MAX": mx, "BLOCK": BLOCK})
             for name, mx in (("sum", False), ("max", True))]

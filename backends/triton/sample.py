@@ -163,7 +163,7 @@ def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q: tl.constexpr, B
         win = mask & (key >= lo_key) & (key >= L) & (key < top)
         if tl.max(win.to(tl.int32), axis=0) != 0:
             if USE_Q:
-                w = tl.where(win, E.to_fixed(E.exp_c(z - m), 0, 40), 0)
+                w = tl.where(win, E.to_fixed_abs(E.exp_c(z - m), 40), 0)  # z <= m: the top z
             else:
                 w = win.to(tl.int64)
             acc += tl.sum(tl.where(key[:, None] >= cand[None, :], w[:, None], 0), axis=0)

@@ -64,7 +64,7 @@ def _softmax_row_kernel(x_ptr, y_ptr, n, x_row_stride, y_row_stride,
     d = x - m
     p = E.exp_c(d)
     flags = E.special_sum_code(p, mask)
-    total = tl.sum(tl.where(mask, E.to_fixed(p, 0, 40), 0), axis=0)
+    total = tl.sum(tl.where(mask, E.to_fixed_abs(p, 40), 0), axis=0)
     big_l = E.apply_special(E.from_fixed(total, 0, 40), E.or_reduce_flags(flags))
     if LOG:
         y = d - E.log_c(big_l)
@@ -125,7 +125,7 @@ def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chu
         x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
         p = E.exp_c(x - m)
         flags = flags | E.special_sum_code(p, mask)
-        acc += tl.where(mask, E.to_fixed(p, 0, 40), 0)
+        acc += tl.where(mask, E.to_fixed_abs(p, 40), 0)
     tl.store(sums_ptr + row * S + s, tl.sum(acc, axis=0))
     tl.store(flags_ptr + row * S + s, E.or_reduce_flags(flags))
 
