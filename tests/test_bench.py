@@ -146,6 +146,11 @@ def test_large_shapes_are_the_ones_of_the_committed_h200_report() -> None:
              ("attention_paged", "qwen3_8b_decode_B8_ctx32768_bs16_bf16"),
              ("sample", "qwen3_vocab_b64_topk50_topp0.9"),
              ("linear", "qwen3_0.6b_m256_k2048_n1024_bf16"), ("linear", "qwen3_0.6b_m256_k3072_n1024_bf16")}
+    #: linear's decode shapes as the rollout's decode graphs run them (the weight's exponents or planes given)
+    added |= {("linear", f"{shape}_bf16_{given}_given") for shape, given in (
+        ("qwen3_8b_m1_k4096_n4096", "exponents"), ("qwen3_8b_m8_k4096_n12288", "exponents"),
+        ("qwen3_8b_m64_k4096_n4096", "exponents"), ("qwen3_0.6b_m256_k2048_n1024", "planes"),
+        ("qwen3_0.6b_m256_k3072_n1024", "planes"))}
     assert {(op, c.name, float(c.flops), float(c.bytes)) for op, c in cases
             if op in measured and (op, c.name) not in added} == expected
     assert added <= {(op, c.name) for op, c in cases}
