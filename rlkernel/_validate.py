@@ -54,9 +54,10 @@ def dim_size(op: str, name: str, t: torch.Tensor, axis: int, expected: int, what
 
 
 def int_range(t: torch.Tensor) -> tuple[int, int]:
-    """``(min, max)`` of a non-empty integer tensor in one host read (one reduction, one sync: a
-    decode step paid two of each with ``int(t.min()), int(t.max())``)."""
-    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    """``(min, max)`` of a non-empty integer tensor in one host read (one sync: a decode step paid
+    two with ``int(t.min()), int(t.max())``). ``min`` and ``max``, not ``aminmax``: the generic
+    backend's primitives (docs/generic-primitives.md) are what every vendor's torch must have."""
+    lo, hi = torch.stack((t.min(), t.max())).tolist()
     return int(lo), int(hi)
 
 
