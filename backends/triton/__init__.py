@@ -61,7 +61,7 @@ KERNELS: dict[str, str] = {
     "silu_mul_backward": "silu_mul:silu_mul_backward",
     "kl_k3_backward": "rl:kl_k3_backward",
     "masked_mean_backward": "rl:masked_mean_backward",
-    "token_entropy": "torch_exact:token_entropy",
+    "token_entropy": "token_entropy:token_entropy",
     "token_entropy_backward": "torch_exact:token_entropy_backward",
 }
 
