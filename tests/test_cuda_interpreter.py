@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: largest case the interpreter runs, in "work" units: elements for elementwise/row ops,
 #: multiply-adds for matmul-like ops (linear, token_logprobs, attention)
 MAX_WORK = {"default": 1 << 20, "linear": 1 << 22, "token_logprobs_backward": 1 << 18, "token_logprobs": 1 << 21,
-            "token_entropy": 1 << 21,
+            "token_entropy_backward": 1 << 21, "token_entropy": 1 << 21,
             "attention": 1 << 21}
 #: interpreter work of one weight row in token_logprobs_backward (its exponent and digit kernels run
 #: one program per row, ~1 ms each there: the 66k-70k vocabulary cases take minutes)
@@ -61,6 +61,7 @@ INTERPRETER_SKIP = {
     "token_logprobs_backward": ("tp4_vocab_shards", "reduction_order_hidden", "batch_row_alone_vs_in_7"),
     "rms_norm_backward": ("repeat",),
     # 12-27 s each; the golden and adversarial cases run the same rows kernel and logits GEMM
+    "token_entropy_backward": ("batch_row_alone_vs_in_7", "permutation_tokens", "repeat"),
     "token_entropy": ("chunking_4_1_4", "prefill6_decode3", "batch_row_alone_vs_in_7", "permutation_batch", "repeat"),
 }
 #: child-process time limit (seconds)
@@ -119,7 +120,7 @@ def _work(op: str, inputs: dict[str, Any]) -> int:
         w = inputs.get("weight", inputs.get("w"))
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
             return x.numel() * w.shape[0]
-    if op in ("token_logprobs_backward", "token_logprobs_backward_partial"):
+    if op in ("token_logprobs_backward", "token_logprobs_backward_partial", "token_entropy_backward"):
         x = inputs.get("hidden")
         w = inputs.get("weight", inputs.get("weight_shard"))
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor):
@@ -338,6 +339,9 @@ def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
 SMALL_TILE_BACKWARD_CASES = ("partial_phase2_bf16", "massive_token", "non_contiguous", "specials_in_hidden_fp16")
 #: their logits budget there: 8 KB holds 3-11 tokens of their 90-270 vocabulary rows (of 10-14 tokens)
 SMALL_TILE_BACKWARD_LOGITS_BYTES = 8192
+#: token_entropy_backward cases run again under ``small_tiles`` with that logits budget (several token
+#: chunks, then pass B recomputing the logits per vocabulary block)
+SMALL_TILE_ENTROPY_BACKWARD_CASES = ("specials_in_hidden_fp16", "non_contiguous")
 
 
 def run_tiling_checks() -> list[dict[str, Any]]:
@@ -347,10 +351,11 @@ def run_tiling_checks() -> list[dict[str, Any]]:
     for a few cases of 10-14 tokens, in several token chunks and 4 x 32 coefficient tiles), 16x32
     (query x key) tiles in attention and in attention_backward's dS kernel. The bits must not move:
     tiling is free because every sum is an integer sum."""
+    from rlkernel.backends.generic import token_entropy as entropy
     from rlkernel.backends.generic import token_logprobs_backward as backward
     from rlkernel.backends.triton import attention, attention_paged, linear, rms_norm, softmax
 
-    saved_logits = backward.LOGITS_BYTES
+    saved_logits = backward.LOGITS_BYTES, entropy.LOGITS_BYTES
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
              attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
@@ -372,10 +377,14 @@ def run_tiling_checks() -> list[dict[str, Any]]:
         for rec in run_op_checks("token_logprobs_backward", select=SMALL_TILE_BACKWARD_CASES.__contains__):
             rec["case"] = f"token_logprobs_backward/{rec['case']}"
             records.append(rec)
+        entropy.LOGITS_BYTES = SMALL_TILE_BACKWARD_LOGITS_BYTES
+        for rec in run_op_checks("token_entropy_backward", select=SMALL_TILE_ENTROPY_BACKWARD_CASES.__contains__):
+            rec["case"] = f"token_entropy_backward/{rec['case']}"
+            records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
          attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M) = saved
-        backward.LOGITS_BYTES = saved_logits
+        backward.LOGITS_BYTES, entropy.LOGITS_BYTES = saved_logits
     records.extend(run_sample_split_checks())
     return records
 

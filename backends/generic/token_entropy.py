@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel.backends.generic import token_logprobs as _tl
+from rlkernel.backends.generic import token_logprobs_backward as _tlb
 from rlkernel.backends.generic._exact.budget import budget_scale
 from rlkernel.backends.generic._exact.fixed import F_SUM, to_fixed
 from rlkernel.backends.generic._exact.fp32 import (
@@ -40,11 +41,9 @@ from rlkernel.backends.generic.linear import _exponents
 from rlkernel.backends.generic.token_logprobs_backward import (  # the same coefficient products and finishes
     _column_exponents,
     _grad_scale,
-    _product,
     _softmax_divide,
     _split,
 )
-from rlkernel.backends.generic.token_logprobs_backward import _finish as _finish_weight
 from rlkernel.backends.generic.token_logprobs_backward import _finish_wide as _finish_hidden
 
 #: Bytes of the fp32 logits block one token chunk keeps (and of its coefficients in the backward).
@@ -185,6 +184,41 @@ def _coefficients(z: torch.Tensor, m0: torch.Tensor, finite: torch.Tensor, total
     return torch.where(finite.unsqueeze(1), c, float("nan"))
 
 
+class EntropySteps(_tlb.Steps):
+    """The backward's steps over ``T x V`` or ``V x H`` elements: ``token_logprobs_backward``'s
+    (:class:`~rlkernel.backends.generic.token_logprobs_backward.Steps`: the logits, the exact
+    products, the column exponents, the one rounding of d_weight) plus the entropy's row
+    statistics and coefficients. This class runs them as torch operations; a backend with kernels
+    passes a subclass (``backends/triton/token_entropy.py``). Every step is exact or rounded once as
+    the contract says, so a subclass cannot change a bit (the conformance suite checks that it does not).
+    """
+
+    def entropy_stats(self, z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(m0, finite, L, mean)`` of logits rows z fp32 [r, V] (already divided by tau), as :func:`_stats`."""
+        return _stats(z, vs)
+
+    def entropy_coefficients(self, z: torch.Tensor, m0: torch.Tensor, finite: torch.Tensor, total: torch.Tensor,
+                             mean: torch.Tensor, s: torch.Tensor, vs: int,
+                             columns: tuple[torch.Tensor, torch.Tensor] | None,
+                             row_exponents: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(c, ex)``: the fp32 coefficients [r, k] of logits block z and, with ``row_exponents``, the rows'
+        exponents of c (``linear``'s ``_exponents``). ``columns`` = (colmax fp32 [k], colbad bool [k]),
+        updated in place: the running maxima of the finite ``|c|`` over the rows, and whether a column
+        holds a non-finite c."""
+        c = torch.empty(z.shape, dtype=torch.float32, device=z.device)
+        for v0 in range(0, z.shape[1], vs):
+            c[:, v0:v0 + vs] = _coefficients(z[:, v0:v0 + vs], m0, finite, total, mean, s)
+        if columns is not None:
+            colmax, colbad = columns
+            live = torch.isfinite(c)
+            torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0), out=colmax)
+            colbad |= ~live.all(dim=0)
+        return c, _exponents(c) if row_exponents else None
+
+
+GENERIC = EntropySteps()
+
+
 def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0,
                            need_hidden: bool = True,
                            need_weight: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -203,6 +237,19 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
     d_hidden : Tensor, hidden's dtype, [T, H], or None
     d_weight : Tensor, float32, [V, H], or None (this call's tokens as one unit; T <= 2**16 - 1)
     """
+    return backward_with(GENERIC, grad, hidden, weight, temperature, need_hidden, need_weight)
+
+
+def backward_with(steps: EntropySteps, grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                  temperature: float = 1.0, need_hidden: bool = True,
+                  need_weight: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`token_entropy_backward` with its products and large steps run by ``steps`` (no bit depends on it).
+
+    Pass A (token chunks): the chunk's logits, its statistics, the coefficients with their column
+    maxima, and d_hidden's exact product over vocabulary chunks of at most :data:`VOCAB_CHUNK` rows
+    (two int64 words). Pass B (``need_weight``): d_weight per vocabulary block, from the coefficients
+    kept by pass A when one chunk held every token, else recomputed per token block.
+    """
     t, h = hidden.shape
     v = weight.shape[0]
     dev, dtype = hidden.device, hidden.dtype
@@ -218,7 +265,7 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
     colmax = torch.zeros(v, dtype=torch.float32, device=dev)
     colbad = torch.zeros(v, dtype=torch.bool, device=dev)
     d_hidden = torch.empty((t, h), dtype=dtype, device=dev) if need_hidden else None
-    ew = _exponents(weight.T) if need_hidden else None
+    ew = steps.column_exponents(weight) if need_hidden else None
     k = budget_scale(dev)
     work = WORK_BYTES * k
     tc, vc, vs = _chunks(t, v, h, k)
@@ -226,25 +273,20 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
     kept: torch.Tensor | None = None
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
-        z = _chunk_logits(hidden[t0:t1], weight, vc, tau)
-        m0, finite, total, mean = _stats(z, vs)
-        s = s_all[t0:t1]
-        c = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
-        for v0 in range(0, v, vs):
-            c[:, v0:v0 + vs] = _coefficients(z[:, v0:v0 + vs], m0, finite, total, mean, s)
+        z = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
+        steps.fill_logits(z, hidden[t0:t1], weight, vc, tau)
+        m0, finite, total, mean = steps.entropy_stats(z, vs)
+        c, ex = steps.entropy_coefficients(z, m0, finite, total, mean, s_all[t0:t1], vs, (colmax, colbad),
+                                           d_hidden is not None)
         del z
         kept = c if t1 - t0 == t else None  # one chunk holds every token: pass B reuses its coefficients
-        live = torch.isfinite(c)
-        colmax = torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0))
-        colbad |= ~live.all(dim=0)
         m_all[t0:t1], total_all[t0:t1], mean_all[t0:t1], finite_all[t0:t1] = m0, total, mean, finite
-        if d_hidden is not None and ew is not None:
-            ex = _exponents(c)
+        if d_hidden is not None and ew is not None and ex is not None:
             hi = torch.zeros((t1 - t0, h), dtype=torch.int64, device=dev)
             lo = torch.zeros_like(hi)
             for v0 in range(0, v, vch):
                 v1 = min(v0 + vch, v)
-                part_hi, part_lo = _split(_product(c[:, v0:v1], weight[v0:v1].T, ex, ew))
+                part_hi, part_lo = _split(steps.exact(c[:, v0:v1], weight[v0:v1].T, ex, ew))
                 hi += part_hi
                 lo += part_lo
             d_hidden[t0:t1] = _finish_hidden(hi, lo, ex, ew, dtype)
@@ -252,19 +294,21 @@ def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: tor
         return d_hidden, None
 
     ec = _column_exponents(colmax, colbad)
-    eh = _exponents(hidden.T)
+    eh = steps.column_exponents(hidden)
+    vb = max(1, min(v, work * (steps.weight_block_scale if kept is not None else 1) // (16 * h)))
     d_weight = torch.empty((v, h), dtype=torch.float32, device=dev)
-    vb = max(1, min(v, work // (16 * h)))
     tb = max(1, min(max(t, 1), work // (32 * h), work // (_E_BYTES * vb)))
     for v0 in range(0, v, vb):
         v1 = min(v0 + vb, v)
+        if kept is not None:  # the one product of the block, finished as it is
+            d_weight[v0:v1] = steps.exact_finish(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
+            continue
         acc = torch.zeros((v1 - v0, h), dtype=torch.int64, device=dev)
-        if kept is not None:
-            acc += _product(kept[:, v0:v1].T, hidden.T, ec[v0:v1], eh)
-        for t0 in range(0, t if kept is None else 0, tb):
+        for t0 in range(0, t, tb):
             t1 = min(t0 + tb, t)
-            z = _chunk_logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau)
-            c = _coefficients(z, m_all[t0:t1], finite_all[t0:t1], total_all[t0:t1], mean_all[t0:t1], s_all[t0:t1])
-            acc += _product(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
-        d_weight[v0:v1] = _finish_weight(acc, ec[v0:v1], eh)
+            _, _, z = next(steps.logits(hidden[t0:t1], weight[v0:v1], v1 - v0, tau))
+            c, _ = steps.entropy_coefficients(z, m_all[t0:t1], finite_all[t0:t1], total_all[t0:t1],
+                                              mean_all[t0:t1], s_all[t0:t1], v1 - v0, None, False)
+            acc += steps.exact(c.T, hidden[t0:t1].T, ec[v0:v1], eh)
+        d_weight[v0:v1] = steps.finish(acc, ec[v0:v1], eh)
     return d_hidden, d_weight

@@ -62,7 +62,7 @@ KERNELS: dict[str, str] = {
     "kl_k3_backward": "rl:kl_k3_backward",
     "masked_mean_backward": "rl:masked_mean_backward",
     "token_entropy": "token_entropy:token_entropy",
-    "token_entropy_backward": "torch_exact:token_entropy_backward",
+    "token_entropy_backward": "token_entropy:token_entropy_backward",
 }
 
 

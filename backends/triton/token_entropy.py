@@ -25,17 +25,22 @@ import triton
 import triton.language as tl
 
 from rlkernel import dispatch
+from rlkernel.backends.generic import token_entropy as _generic
 
 from . import _tl_exact as E
 from . import linear as L
 from ._common import LAUNCH, f32_bits
 from .targets import TritonTarget
 from .token_logprobs import MAX_VOCAB, ROW_TILE, _token_chunk
+from .token_logprobs_backward import TritonSteps, coefficients_spec
 
 
 @triton.jit
-def _entropy_rows_kernel(y_ptr, stride_y, out_ptr, row0, V, tau_bits, BLOCK: tl.constexpr):
-    """One token of a chunk: its stored logits row ``÷ fp32(tau)``; ``H`` to ``out[row0 + program]``.
+def _entropy_rows_kernel(y_ptr, stride_y, out_ptr, m_ptr, fin_ptr, total_ptr, mean_ptr, row0, V, tau_bits,
+                         STATS: tl.constexpr, BLOCK: tl.constexpr):
+    """One token of a chunk: its stored logits row ``÷ fp32(tau)``; ``H`` to ``out[row0 + program]``, or
+    with STATS the backward's row statistics to ``m`` (``m0``: the max, 0 where not finite), ``fin``
+    (int32: the max is finite), ``total`` (``L``, 1 where not finite) and ``mean`` (0 there).
 
     The max is exact (integer keys); both sums are exact int64 additions of terms placed on the
     absolute 2**-40 grid (``to_fixed_abs``: ``p <= 1`` and ``0 <= g < 1`` on rows with a finite max),
@@ -70,8 +75,14 @@ def _entropy_rows_kernel(y_ptr, stride_y, out_ptr, row0, V, tau_bits, BLOCK: tl.
         u += tl.where(valid, E.to_fixed_abs(g, 40), 0)
     total = E.from_fixed(tl.sum(s, axis=0), 0, 40)
     mean = tl.math.div_rn(E.from_fixed(tl.sum(u, axis=0), 0, 40), total)
-    h = E.log_c(total) + mean
-    tl.store(out_ptr + row, tl.where(finite, h, E.canonical_nan_f32(h)))
+    if STATS:
+        tl.store(m_ptr + row, m_safe)
+        tl.store(fin_ptr + row, finite.to(tl.int32))
+        tl.store(total_ptr + row, tl.where(finite, total, 1.0))
+        tl.store(mean_ptr + row, tl.where(finite, mean, 0.0))
+    else:
+        h = E.log_c(total) + mean
+        tl.store(out_ptr + row, tl.where(finite, h, E.canonical_nan_f32(h)))
 
 
 def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0, *,
@@ -95,13 +106,56 @@ def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     for t0 in range(0, t, chunk):
         rows = min(chunk, t - t0)
         y = L.logits(hidden[t0:t0 + rows], weight, ew, target=target)  # [rows, V] fp32
-        _entropy_rows_kernel[(rows,)](y, y.stride(0), out, t0, v, tau_bits, BLOCK=block, num_warps=warps, **LAUNCH)
+        _entropy_rows_kernel[(rows,)](y, y.stride(0), out, out, out, out, out, t0, v, tau_bits, STATS=False,
+                                      BLOCK=block, num_warps=warps, **LAUNCH)
         del y  # the next chunk reuses its memory: one chunk of logits at a time
     return out
 
 
+class TritonEntropySteps(TritonSteps, _generic.EntropySteps):
+    """The generic entropy backward's steps: ``token_logprobs_backward``'s kernels (logits, exact
+    products, column exponents, d_weight's rounding), the row statistics by ``_entropy_rows_kernel``
+    (STATS) and the coefficients by ``_tlb_coefficients_kernel`` (ENTROPY), for one target."""
+
+    def entropy_stats(self, z: torch.Tensor, vs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # z is already divided by tau (fill_logits): the kernel's division by fp32(1) changes no bit
+        r, v = z.shape
+        dev = z.device
+        m0, total, mean = (torch.empty(r, dtype=torch.float32, device=dev) for _ in range(3))
+        fin = torch.empty(r, dtype=torch.int32, device=dev)
+        if r:
+            block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
+            _entropy_rows_kernel[(r,)](z, z.stride(0), m0, m0, fin, total, mean, 0, v, f32_bits(1.0), STATS=True,
+                                       BLOCK=block, num_warps=warps, **LAUNCH)
+        return m0, fin != 0, total, mean
+
+    def entropy_coefficients(self, z: torch.Tensor, m0: torch.Tensor, finite: torch.Tensor, total: torch.Tensor,
+                             mean: torch.Tensor, s: torch.Tensor, vs: int,
+                             columns: tuple[torch.Tensor, torch.Tensor] | None,
+                             row_exponents: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        unused = torch.zeros(1, dtype=torch.int64, device=z.device)
+        return self.launch_coefficients(z, m0, total, mean, s, unused.expand(z.shape[0]), finite, columns,
+                                        row_exponents, True)
+
+
+def token_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0,
+                           need_hidden: bool = True, need_weight: bool = True, *,
+                           target: TritonTarget) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Kernel ``token_entropy_backward``: the generic backward with :class:`TritonEntropySteps`
+    (arguments and results as :func:`rlkernel.backends.generic.token_entropy.token_entropy_backward`)."""
+    return _generic.backward_with(TritonEntropySteps(target), grad, hidden, weight, temperature, need_hidden,
+                                  need_weight)
+
+
 def static_specs(target: TritonTarget):
-    return [("token_entropy", "rows", _entropy_rows_kernel,
-             {"y_ptr": "*fp32", "stride_y": "i64", "out_ptr": "*fp32", "row0": "i32", "V": "i32", "tau_bits": "i32",
-              "BLOCK": "constexpr"},
-             {"BLOCK": ROW_TILE[0]}, {"num_warps": ROW_TILE[1]})]
+    """The rows kernel (forward; the backward's statistics) and the coefficient kernel's ENTROPY mode; the
+    backward's logits, products and roundings are ``token_logprobs_backward``'s specialisations."""
+    rows = {"y_ptr": "*fp32", "stride_y": "i64", "out_ptr": "*fp32", "m_ptr": "*fp32", "fin_ptr": "*i32",
+            "total_ptr": "*fp32", "mean_ptr": "*fp32", "row0": "i32", "V": "i32", "tau_bits": "i32",
+            "STATS": "constexpr", "BLOCK": "constexpr"}
+    return [("token_entropy", "rows", _entropy_rows_kernel, rows, {"STATS": False, "BLOCK": ROW_TILE[0]},
+             {"num_warps": ROW_TILE[1]}),
+            ("token_entropy_backward", "row_stats", _entropy_rows_kernel, rows, {"STATS": True, "BLOCK": ROW_TILE[0]},
+             {"num_warps": ROW_TILE[1]})] + [
+        coefficients_spec("token_entropy_backward", cols, rows_, True) for cols, rows_ in
+        ((True, True), (True, False), (False, False))]

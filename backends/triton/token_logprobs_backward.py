@@ -69,11 +69,15 @@ COLUMN_TILE = (64, 128)
 def _tlb_coefficients_kernel(z_ptr, stride_z, c_ptr, m_ptr, total_ptr, ay_ptr, s_ptr, y_ptr, finite_ptr,
                              colmax_ptr, colbad_ptr, rowmax_ptr, rowbad_ptr, R, V,
                              COLUMNS: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
-                             BLOCK_V: tl.constexpr):
+                             BLOCK_V: tl.constexpr, ENTROPY: tl.constexpr):
     """A BLOCK_R x BLOCK_V tile of the coefficients of logits rows z (fp32, row stride ``stride_z``):
     ``c = RN32(s * a)``, ``a = -RN32(exp_c(z - m0) / L)`` off the row's target column ``y`` (local:
     outside [0, V) when it lies elsewhere) and ``a_y`` on it, NaN on rows whose max is not finite;
     stored to c [R, V] (contiguous).
+
+    ENTROPY (contract ``token_entropy_backward``): ``ay_ptr`` holds each row's ``mean`` and ``y_ptr`` is
+    unused; ``d = RN32(z - m0)``, ``q = RN32(exp_c(d) / L)``, ``a = RN32(q * RN32(d + mean))`` (0 where
+    ``exp_c(d) = 0``) and ``c = RN32((-s) * a)``, the negation by the product's sign bit (the same bits).
 
     COLUMNS: the tile's max finite ``|c|`` per column (int32 bits: their integer order is the fp32
     order) and whether the column holds a non-finite c, stored to this row tile's slots
@@ -95,10 +99,16 @@ def _tlb_coefficients_kernel(z_ptr, stride_z, c_ptr, m_ptr, total_ptr, ay_ptr, s
     s = tl.load(s_ptr + rr, mask=r_ok, other=0.0)
     y = tl.load(y_ptr + rr, mask=r_ok, other=-1)
     finite = tl.load(finite_ptr + rr, mask=r_ok, other=0) != 0
-    q = tl.math.div_rn(E.exp_c(z - m0[:, None]), total[:, None])
-    a = E.f32_from_bits(E.f32_bits(q) ^ -2147483648)  # -q by its sign bit (a negation may compile to 0 - q)
-    a = tl.where(rv[None, :] == y[:, None], a_y[:, None], a)
-    c = s[:, None] * a
+    d = z - m0[:, None]
+    p = E.exp_c(d)
+    q = tl.math.div_rn(p, total[:, None])
+    if ENTROPY:
+        a = tl.where(p == 0.0, 0.0, q * (d + a_y[:, None]))
+        c = E.f32_from_bits(E.f32_bits(s[:, None] * a) ^ -2147483648)  # (-s) a: the sign bit of s a
+    else:
+        a = E.f32_from_bits(E.f32_bits(q) ^ -2147483648)  # -q by its sign bit (a negation may compile to 0 - q)
+        a = tl.where(rv[None, :] == y[:, None], a_y[:, None], a)
+        c = s[:, None] * a
     c = tl.where(finite[:, None], c, E.canonical_nan_f32(c))
     tl.store(c_ptr + rr[:, None].to(tl.int64) * V + rv[None, :], c, mask=mask)
     live = E.is_finite(c)
@@ -213,6 +223,14 @@ class TritonSteps(_generic.Steps):
                      s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor, vs: int,
                      columns: tuple[torch.Tensor, torch.Tensor] | None,
                      row_exponents: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.launch_coefficients(z, m0, total, a_y, s, local_y, finite, columns, row_exponents, False)
+
+    def launch_coefficients(self, z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor,
+                            s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor,
+                            columns: tuple[torch.Tensor, torch.Tensor] | None, row_exponents: bool,
+                            entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`coefficients` by ``_tlb_coefficients_kernel``; ``entropy``: its ENTROPY mode (``a_y`` is
+        then each row's mean, ``local_y`` any int64 [r])."""
         r, v = z.shape
         dev = z.device
         c = torch.empty((r, v), dtype=torch.float32, device=dev)
@@ -228,7 +246,8 @@ class TritonSteps(_generic.Steps):
         _tlb_coefficients_kernel[grid](
             z, z.stride(0), c, m0.contiguous(), total.contiguous(), a_y.contiguous(), s.contiguous(),
             local_y.contiguous(), finite.to(i32), colmax, colbad, rowmax, rowbad, r, v,
-            COLUMNS=columns is not None, ROWS=row_exponents, BLOCK_R=br, BLOCK_V=bv, num_warps=warps, **LAUNCH)
+            COLUMNS=columns is not None, ROWS=row_exponents, BLOCK_R=br, BLOCK_V=bv, ENTROPY=entropy,
+            num_warps=warps, **LAUNCH)
         if columns is not None:  # fp32 >= 0: the integer maximum of the bits is the fp32 maximum
             running = columns[0].view(i32)
             torch.maximum(running, colmax.amax(dim=0), out=running)
@@ -313,11 +332,17 @@ def static_specs(target: TritonTarget):
          {"c_ptr": "*fp32", "stride_r": "i64", "stride_k": "i64", "e_ptr": "*i64", "d_ptr": "*i8", "R": "i32",
           "K": "i32", "plane": "i64", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"},
          {"BLOCK_R": DIGIT_TILE[0], "BLOCK_K": DIGIT_TILE[1]}),
-    ] + [("token_logprobs_backward", f"coefficients{'_columns' if cols else ''}{'_rows' if rows else ''}",
-          _tlb_coefficients_kernel,
-          {"z_ptr": "*fp32", "stride_z": "i64", "c_ptr": "*fp32", "m_ptr": "*fp32", "total_ptr": "*fp32",
-           "ay_ptr": "*fp32", "s_ptr": "*fp32", "y_ptr": "*i64", "finite_ptr": "*i32", "colmax_ptr": "*i32",
-           "colbad_ptr": "*i32", "rowmax_ptr": "*i32", "rowbad_ptr": "*i32", "R": "i32", "V": "i32",
-           "COLUMNS": "constexpr", "ROWS": "constexpr", "BLOCK_R": "constexpr", "BLOCK_V": "constexpr"},
-          {"COLUMNS": cols, "ROWS": rows, "BLOCK_R": COEF_TILE[0], "BLOCK_V": COEF_TILE[1]},
-          {"num_warps": COEF_TILE[2]}) for cols in (True, False) for rows in (True, False)]
+    ] + [coefficients_spec("token_logprobs_backward", cols, rows, False) for cols in (True, False)
+         for rows in (True, False)]
+
+
+def coefficients_spec(op: str, cols: bool, rows: bool, entropy: bool):
+    """A static-check spec of ``_tlb_coefficients_kernel`` (this module's and ``token_entropy``'s ``static_specs``)."""
+    return (op, f"coefficients{'_columns' if cols else ''}{'_rows' if rows else ''}", _tlb_coefficients_kernel,
+            {"z_ptr": "*fp32", "stride_z": "i64", "c_ptr": "*fp32", "m_ptr": "*fp32", "total_ptr": "*fp32",
+             "ay_ptr": "*fp32", "s_ptr": "*fp32", "y_ptr": "*i64", "finite_ptr": "*i32", "colmax_ptr": "*i32",
+             "colbad_ptr": "*i32", "rowmax_ptr": "*i32", "rowbad_ptr": "*i32", "R": "i32", "V": "i32",
+             "COLUMNS": "constexpr", "ROWS": "constexpr", "BLOCK_R": "constexpr", "BLOCK_V": "constexpr",
+             "ENTROPY": "constexpr"},
+            {"COLUMNS": cols, "ROWS": rows, "BLOCK_R": COEF_TILE[0], "BLOCK_V": COEF_TILE[1], "ENTROPY": entropy},
+            {"num_warps": COEF_TILE[2]})
