@@ -63,14 +63,22 @@ def _softmax_row_kernel(x_ptr, y_ptr, n, x_row_stride, y_row_stride,
     m = tl.where(tl.max(nan, axis=0) != 0, E.canonical_nan_f32(m), m)
     d = x - m
     p = E.exp_c(d)
-    flags = E.special_sum_code(p, mask)
     total = tl.sum(tl.where(mask, E.to_fixed_abs(p, 40), 0), axis=0)
-    big_l = E.apply_special(E.from_fixed(total, 0, 40), E.or_reduce_flags(flags))
+    big_l = E.apply_special(E.from_fixed(total, 0, 40), _sum_code(m))
     if LOG:
         y = d - E.log_c(big_l)
     else:
         y = tl.math.div_rn(p, big_l)
     tl.store(y_row + cols, E.cast_out(y, OUT), mask=mask)
+
+
+@triton.jit
+def _sum_code(m):
+    """``special_sum_code`` of the terms ``exp_c(x - m)``, OR-reduced over the row, from the row max alone:
+    with m finite every ``x - m`` is in [-inf, 0] and every term in [0, 1] (code 0); with m NaN every
+    term is NaN, with m = +inf the +inf entries give NaN, with m = -inf every entry is -inf and gives
+    NaN (code 1: NaN, never +-inf). One test a row instead of one an element."""
+    return tl.where(E.is_finite(m), 0, 1)
 
 
 @triton.jit
@@ -110,24 +118,23 @@ def _row_max_of_keys(keys_row, S, PART: tl.constexpr):
 def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chunk, S,
                       TILE: tl.constexpr, PART: tl.constexpr):
     """sums[row, s] = the int64 sum of RNE(exp_c(x - m) * 2**40) over the chunk; flags[row, s] its
-    non-finite bookkeeping (``special_sum_code``, OR-reduced)."""
+    non-finite bookkeeping (``_sum_code``: from the row max; a row whose max is not finite is NaN
+    whatever its sum, so its terms are not read)."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     x_row = x_ptr + row * x_row_stride
     m = _row_max_of_keys(keys_ptr + row * S, S, PART)
+    code = _sum_code(m)
     cols = tl.arange(0, TILE)
     start = s * chunk
     acc = tl.zeros([TILE], tl.int64)
-    flags = tl.zeros([TILE], tl.int32)
-    for t in range(0, chunk, TILE):
+    for t in range(0, tl.where(code == 0, chunk, 0), TILE):
         idx = start + t + cols
         mask = idx < n
         x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
-        p = E.exp_c(x - m)
-        flags = flags | E.special_sum_code(p, mask)
-        acc += tl.where(mask, E.to_fixed_abs(p, 40), 0)
+        acc += tl.where(mask, E.to_fixed_abs(E.exp_c(x - m), 40), 0)
     tl.store(sums_ptr + row * S + s, tl.sum(acc, axis=0))
-    tl.store(flags_ptr + row * S + s, E.or_reduce_flags(flags))
+    tl.store(flags_ptr + row * S + s, code)
 
 
 @triton.jit
