@@ -240,7 +240,7 @@ def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
 
     P = SimpleNamespace(**{name: on_device(getattr(prims, name))
                            for name in ("prim_f32", "prim_int", "prim_out", "prim_grid", "prim_grid28",
-                                        "prim_fixed_abs")})
+                                        "prim_fixed_abs", "prim_exp_nonpos", "prim_grid_unit")})
 
     from rlkernel.contracts._exact import fixed as FX
     from rlkernel.contracts._exact import fp32 as F
@@ -287,6 +287,17 @@ def run_primitive_checks(device: str = "cpu") -> list[dict[str, Any]]:
     u = u[~torch.isfinite(u) | (u.abs() < 2.0**22)]  # its domain: |u| * 2**40 < 2**62, and the specials
     u_fin = torch.where(torch.isfinite(u), u, 0.0)
     rec("to_fixed_abs_F40", FX.quantize(u_fin, torch.zeros_like(u_fin, dtype=torch.int64), 40), P.prim_fixed_abs(u))
+    # softmax's split sum: exp_c without its NaN / overflow cases for x <= 0 (every finite and -inf
+    # x, the subnormal results included), then the terms in [0, 1] on the grid as fp32 integers added
+    # in fp64 to integer offsets up to 2**52 - 2**40 - 1, read back as int64
+    neg = torch.cat([-x[~torch.isnan(x)].abs(), torch.tensor([-0.0, -float("inf"), -103.97, -87.34, -2.0**-30])])
+    rec("exp_c_nonpos", T.exp_c(neg), P.prim_exp_nonpos(neg))
+    unit = torch.cat([p, tie, torch.nextafter(tie, torch.ones_like(tie)), torch.nextafter(tie, torch.zeros_like(tie)),
+                      torch.tensor([0.0, 1.0, 2.0**-149, 2.0**-41, 2.0**-17, 8388607.5 * 2.0**-40])])
+    offset = torch.randint(0, 2**52 - 2**40, unit.shape, generator=g)
+    offset[:8] = torch.tensor([0, 1, 2**52 - 2**40 - 1, 2**51, 2**40, 3, 2**52 - 2**41, 12345])
+    rec("to_grid_unit_F40+f64_count", offset + FX.quantize(unit, torch.zeros_like(unit, dtype=torch.int64), 40),
+        P.prim_grid_unit(unit, offset.to(torch.float64)))
     # P3' straight to each format (linear's epilogue, the paged finish): magnitudes of every bit
     # length, exponents across the subnormal and overflow edges, ties at 24, 11 and 8 bits
     ties = torch.tensor([(2**24 + 1) << 5, (2**24 + 3) << 9, -((2**24 + 1) << 30), (2**11 + 1) << 3, (2**11 + 3) << 40,

@@ -97,6 +97,25 @@ def _prim_grid28_kernel(x_ptr, e_ptr, d_ptr, n, BLOCK: tl.constexpr):
 _BLOCK = 1024
 
 
+@triton.jit
+def _prim_exp_nonpos_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = exp_c_nonpos(x) for x <= 0 or -inf (never NaN)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, E.exp_c_nonpos(tl.load(x_ptr + offs, mask=mask, other=0.0)), mask=mask)
+
+
+@triton.jit
+def _prim_grid_unit_kernel(x_ptr, c_ptr, q_ptr, n, FRAC: tl.constexpr, BLOCK: tl.constexpr):
+    """q = f64_count_to_i64(c + fp64(to_grid_unit(x, FRAC))): x in [0, 1], c an integer-valued fp64 >= 0
+    (the sum below 2**52)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    c = tl.load(c_ptr + offs, mask=mask, other=0.0)
+    tl.store(q_ptr + offs, E.f64_count_to_i64(c + E.to_grid_unit(x, FRAC).to(tl.float64)), mask=mask)
+
+
 def prim_f32(name: str, x: torch.Tensor) -> torch.Tensor:
     """Apply primitive ``name`` elementwise to fp32 ``x`` (1-D contiguous)."""
     op = F32_PRIMS[name]
@@ -120,6 +139,23 @@ def prim_fixed_abs(x: torch.Tensor, frac: int = 40) -> torch.Tensor:
     q = torch.empty(x.shape, dtype=torch.int64, device=x.device)
     n = x.numel()
     _prim_fixed_abs_kernel[(cdiv(n, _BLOCK),)](x, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return q
+
+
+def prim_exp_nonpos(x: torch.Tensor) -> torch.Tensor:
+    """fp32 [n]: ``exp_c_nonpos`` of fp32 ``x`` [n] (x <= 0 or -inf, not NaN)."""
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    n = x.numel()
+    _prim_exp_nonpos_kernel[(cdiv(n, _BLOCK),)](x, y, n, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return y
+
+
+def prim_grid_unit(x: torch.Tensor, c: torch.Tensor, frac: int = 40) -> torch.Tensor:
+    """int64 [n]: ``c + RNE(x * 2**frac)`` through ``to_grid_unit`` and ``f64_count_to_i64`` (x fp32 in [0, 1],
+    c fp64 integer-valued, the sum below 2**52)."""
+    q = torch.empty(x.shape, dtype=torch.int64, device=x.device)
+    n = x.numel()
+    _prim_grid_unit_kernel[(cdiv(n, _BLOCK),)](x, c, q, n, FRAC=frac, BLOCK=_BLOCK, enable_fp_fusion=False)
     return q
 
 
@@ -160,6 +196,11 @@ def static_specs(target) -> list[tuple[str, str, object, dict[str, str], dict[st
     specs.append(("primitives", "to_fixed_abs", _prim_fixed_abs_kernel,
                   {"x_ptr": "*fp32", "q_ptr": "*i64", "n": "i32", "FRAC": "constexpr", "BLOCK": "constexpr"},
                   {"FRAC": 40, "BLOCK": _BLOCK}))
+    specs.append(("primitives", "exp_c_nonpos", _prim_exp_nonpos_kernel,
+                  {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": _BLOCK}))
+    specs.append(("primitives", "to_grid_unit+f64_count_to_i64", _prim_grid_unit_kernel,
+                  {"x_ptr": "*fp32", "c_ptr": "*fp64", "q_ptr": "*i64", "n": "i32", "FRAC": "constexpr",
+                   "BLOCK": "constexpr"}, {"FRAC": 40, "BLOCK": _BLOCK}))
     for out, name in enumerate(("fp32", "bf16", "fp16")):
         specs.append(("primitives", f"int64_to_out_{name}", _prim_out_kernel,
                       {"s_ptr": "*i64", "k_ptr": "*i32", "y_ptr": "*fp32", "n": "i32", "OUT": "constexpr",

@@ -291,6 +291,25 @@ def to_fixed_abs(t, FRAC: tl.constexpr):
 
 
 @triton.jit
+def to_grid_unit(t, FRAC: tl.constexpr):
+    """``RNE(t * 2**FRAC)`` for fp32 ``t`` in [0, 1] (FRAC <= 40) as an integer-valued fp32, exact (at most
+    2**FRAC): :func:`to_fixed_abs`'s rounding without its sign and range handling (softmax's terms on
+    rows with a finite max). Up to ``2**(52 - FRAC) - 1`` of them add exactly in fp64, read back by
+    :func:`f64_count_to_i64`: two fp32 operations and an fp64 addition an element where the int64
+    route takes a conversion and ~15 integer operations."""
+    c = 2.0 ** (23 - FRAC)
+    a = tl.where(t < c, (t + c) - c, t)
+    return a * (2.0 ** FRAC)
+
+
+@triton.jit
+def f64_count_to_i64(acc):
+    """int64 of an integer-valued fp64 ``acc`` in [0, 2**52): the significand bits of ``acc + 2**52`` (one
+    exact addition, no conversion)."""
+    return (acc + 4503599627370496.0).to(tl.int64, bitcast=True) & 4503599627370495
+
+
+@triton.jit
 def from_fixed(total, e, FRAC: tl.constexpr):
     """fp32 of the exact ``total * 2**(e - FRAC)``: one rounding (P3), then ldexp_c (P2)."""
     return ldexp_c(int64_to_f32(total), e - FRAC)
@@ -517,15 +536,9 @@ def round_half_even_small(t):
 
 
 @triton.jit
-def exp_c(x):
-    """Contract exponential of fp32 ``x`` (P6): the 13-step sequence, one RN32 rounding per step."""
-    x = x.to(tl.float32)
-    nan = x != x
-    too_big = x > _EXP_X_MAX
-    too_small = x < _EXP_X_MIN
-    xr = tl.where(nan | too_big | too_small, 0.0, x)
-    t = xr * _LOG2E  # 1
-    k, kf = round_half_even_small(t)  # 2
+def _exp_c_reduced(xr, kf):
+    """Steps 3-12 of ``exp_c`` for ``xr`` in [-104, 89] and ``kf`` = RNE(RN32(xr * LOG2E)) as fp32:
+    ``p ~ e**r`` in [0.70, 1.42] (``exp_c = ldexp_c(p, k)``)."""
     r1 = xr - kf * _LN2_HI  # 3: exact
     c = kf * _LN2_LO  # 4
     r = r1 - c  # 5
@@ -541,12 +554,38 @@ def exp_c(x):
     q = q * r + _Q0
     t2 = r2 * q  # 10
     tail = (e1 + er) + t2  # 11
-    p = s + tail  # 12
-    y = ldexp_c(p, k)  # 13
+    return s + tail  # 12
+
+
+@triton.jit
+def exp_c(x):
+    """Contract exponential of fp32 ``x`` (P6): the 13-step sequence, one RN32 rounding per step."""
+    x = x.to(tl.float32)
+    nan = x != x
+    too_big = x > _EXP_X_MAX
+    too_small = x < _EXP_X_MIN
+    xr = tl.where(nan | too_big | too_small, 0.0, x)
+    t = xr * _LOG2E  # 1
+    k, kf = round_half_even_small(t)  # 2
+    y = ldexp_c(_exp_c_reduced(xr, kf), k)  # 3-12, 13
     inf = tl.full(y.shape, 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
     y = tl.where(too_big, inf, y)
     y = tl.where(too_small, 0.0, y)
     return tl.where(nan, canonical_nan_f32(y), y)
+
+
+@triton.jit
+def exp_c_nonpos(x):
+    """``exp_c(x)`` for fp32 ``x <= 0`` or -inf, never NaN (the terms ``x - m`` of a row with a finite max):
+    the same steps without the NaN and overflow cases, and ``kf`` as ``(t + 1.5 * 2**23) - 1.5 * 2**23``
+    (exact: that sum is the integer ``k + 1.5 * 2**23``) instead of an int-to-float conversion."""
+    too_small = x < _EXP_X_MIN
+    xr = tl.where(too_small, 0.0, x)
+    t = xr * _LOG2E  # 1
+    r = t + 12582912.0  # 2
+    k = f32_bits(r) - 0x4B400000
+    y = ldexp_c(_exp_c_reduced(xr, r - 12582912.0), k)  # 3-12, 13
+    return tl.where(too_small, 0.0, y)
 
 
 @triton.jit

@@ -40,6 +40,8 @@ SPLIT_WARPS = 8
 #: program is a whole number of tiles, so short batches get many programs per row and long
 #: batches few
 SPLIT_PROGRAMS = 1024
+#: split rows: tiles a program may add (a lane's fp64 sum of integers <= 2**40 stays below 2**52)
+PROGRAM_TILES = 2048
 #: partials (keys / sums / flags of a row) are reduced this many at a time
 PART_BLOCK = 128
 #: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
@@ -119,7 +121,10 @@ def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chu
                       TILE: tl.constexpr, PART: tl.constexpr):
     """sums[row, s] = the int64 sum of RNE(exp_c(x - m) * 2**40) over the chunk; flags[row, s] its
     non-finite bookkeeping (``_sum_code``: from the row max; a row whose max is not finite is NaN
-    whatever its sum, so its terms are not read)."""
+    whatever its sum, so its terms are not read).
+
+    The terms (integers <= 2**40: ``exp_c(x - m)`` is in [0, 1]) add per lane in fp64, exactly: a lane
+    adds at most ``chunk / TILE <= PROGRAM_TILES`` of them, below 2**52; the lanes' integers add in int64."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     x_row = x_ptr + row * x_row_stride
@@ -127,13 +132,13 @@ def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chu
     code = _sum_code(m)
     cols = tl.arange(0, TILE)
     start = s * chunk
-    acc = tl.zeros([TILE], tl.int64)
+    acc = tl.zeros([TILE], tl.float64)  # each lane adds at most PROGRAM_TILES integers <= 2**40: exact
     for t in range(0, tl.where(code == 0, chunk, 0), TILE):
         idx = start + t + cols
         mask = idx < n
-        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
-        acc += tl.where(mask, E.to_fixed_abs(E.exp_c(x - m), 40), 0)
-    tl.store(sums_ptr + row * S + s, tl.sum(acc, axis=0))
+        x = E.upcast(tl.load(x_row + idx, mask=mask, other=float("-inf")))  # a masked lane's term is exp(-inf) = 0
+        acc += E.to_grid_unit(E.exp_c_nonpos(x - m), 40).to(tl.float64)
+    tl.store(sums_ptr + row * S + s, tl.sum(E.f64_count_to_i64(acc), axis=0))
     tl.store(flags_ptr + row * S + s, code)
 
 
@@ -170,11 +175,12 @@ def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stri
 
 
 def split_plan(rows: int, n: int) -> tuple[int, int, int]:
-    """``(tile, chunk, S)`` of a split row: chunk a multiple of tile, S = cdiv(n, chunk) programs per row."""
+    """``(tile, chunk, S)`` of a split row: chunk a multiple of tile (at most PROGRAM_TILES tiles), S =
+    cdiv(n, chunk) programs per row."""
     tile = min(SPLIT_TILE, MAX_BLOCK)
     tiles = cdiv(n, tile)
     per_row = max(1, cdiv(SPLIT_PROGRAMS, rows))
-    chunk = tile * cdiv(tiles, min(tiles, per_row))
+    chunk = tile * min(cdiv(tiles, min(tiles, per_row)), PROGRAM_TILES)
     return tile, chunk, cdiv(n, chunk)
 
 
