@@ -132,6 +132,6 @@ MUTATIONS = [
              patch(TLB, "int64_to_float", int64_to_float_rounding(ties_away))),
     mutation(OP, "subnormal_results", "d_weight flushed to zero", patch(TLB, "int64_to_float", int64_to_float_ftz)),
     mutation(OP, "subnormal_results", "d_hidden flushed to zero", patch(TLB, "int64_pair_to_float", _pair_ftz)),
-    mutation(OP, ORDER_FLOAT_SUM, "products summed in fp32", patch(M, "_product", _float_product)),
+    mutation(OP, ORDER_FLOAT_SUM, "products summed in fp32", patch(TLB, "_product", _float_product)),
     mutation(OP, ORDER_BATCH, "row max over the whole token chunk", patch(M, "nan_max", _batch_max)),
 ]
