@@ -37,7 +37,6 @@ from rlkernel.backends.generic._exact.fp32 import (
     scale_pow2,
 )
 from rlkernel.backends.generic._exact.transcendental import exp_c, log_c
-from rlkernel.backends.generic.linear import _exponents
 from rlkernel.backends.generic.token_logprobs_backward import (  # the same coefficient products and finishes
     _column_exponents,
     _grad_scale,
@@ -208,12 +207,7 @@ class EntropySteps(_tlb.Steps):
         c = torch.empty(z.shape, dtype=torch.float32, device=z.device)
         for v0 in range(0, z.shape[1], vs):
             c[:, v0:v0 + vs] = _coefficients(z[:, v0:v0 + vs], m0, finite, total, mean, s)
-        if columns is not None:
-            colmax, colbad = columns
-            live = torch.isfinite(c)
-            torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0), out=colmax)
-            colbad |= ~live.all(dim=0)
-        return c, _exponents(c) if row_exponents else None
+        return c, _tlb.coefficient_columns(c, columns, row_exponents)
 
 
 GENERIC = EntropySteps()

@@ -173,12 +173,7 @@ class Steps:
         for v0 in range(0, z.shape[1], vs):
             v1 = min(v0 + vs, z.shape[1])
             c[:, v0:v1] = _coefficients(z[:, v0:v1], m0, total, a_y, s, local_y - v0, finite)
-        if columns is not None:
-            colmax, colbad = columns
-            live = torch.isfinite(c)
-            torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0), out=colmax)
-            colbad |= ~live.all(dim=0)
-        return c, _exponents(c) if row_exponents else None
+        return c, coefficient_columns(c, columns, row_exponents)
 
     def column_exponents(self, t: torch.Tensor) -> torch.Tensor:
         """int64 [K]: the exponents of the columns of t [N, K] (the rows of ``t.T`` as ``linear``'s
@@ -189,6 +184,19 @@ class Steps:
         """fp32 [M, N] ``RN32(acc * 2**(ex + ew - 47))``, one rounding, NaN on sentinel rows/columns
         (d_weight's rows from their exact int64 sums: ``linear_finish``'s semantics)."""
         return _finish(acc, ex, ew)
+
+
+def coefficient_columns(c: torch.Tensor, columns: tuple[torch.Tensor, torch.Tensor] | None,
+                        row_exponents: bool) -> torch.Tensor | None:
+    """Fold coefficients c fp32 [r, k] into ``columns`` = (colmax fp32 [k], colbad bool [k]) in place (the
+    running maxima of the finite ``|c|``, whether a column holds a non-finite c); the rows' exponents of c
+    (``linear``'s ``_exponents``) with ``row_exponents``, else None."""
+    if columns is not None:
+        colmax, colbad = columns
+        live = torch.isfinite(c)
+        torch.maximum(colmax, torch.where(live, c, 0.0).abs().amax(dim=0), out=colmax)
+        colbad |= ~live.all(dim=0)
+    return _exponents(c) if row_exponents else None
 
 
 GENERIC = Steps()

@@ -31,7 +31,7 @@ from . import _tl_exact as E
 from . import linear as L
 from ._common import LAUNCH, f32_bits
 from .targets import TritonTarget
-from .token_logprobs import MAX_VOCAB, ROW_TILE, _token_chunk
+from .token_logprobs import MAX_VOCAB, ROW_TILE, _token_chunk, row_max_key
 from .token_logprobs_backward import TritonSteps, coefficients_spec
 
 
@@ -51,17 +51,10 @@ def _entropy_rows_kernel(y_ptr, stride_y, out_ptr, m_ptr, fin_ptr, total_ptr, me
     row = row0 + r
     y_row = y_ptr + r.to(tl.int64) * stride_y
     tau = tau_bits.to(tl.float32, bitcast=True)
+    key, nan = row_max_key(y_row, V, tau, BLOCK)
+    m = E.key_to_f32(key)
+    finite = (nan == 0) & E.is_finite(m)
     cols = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], -2147483647, tl.int32)
-    nanf = tl.zeros([BLOCK], tl.int32)
-    for v0 in range(0, V, BLOCK):
-        valid = v0 + cols < V
-        z = tl.math.div_rn(tl.load(y_row + v0 + cols, mask=valid, other=0.0), tau)
-        nan = E.is_nan(z)
-        best = tl.maximum(best, tl.where(valid & ~nan, E.max_key(z), -2147483647))
-        nanf = tl.maximum(nanf, (valid & nan).to(tl.int32))
-    m = E.key_to_f32(tl.max(best, axis=0))
-    finite = (tl.max(nanf, axis=0) == 0) & E.is_finite(m)
     m_safe = tl.where(finite, m, 0.0)
     s = tl.zeros([BLOCK], tl.int64)
     u = tl.zeros([BLOCK], tl.int64)

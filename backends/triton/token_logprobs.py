@@ -40,6 +40,22 @@ ROW_TILE = (4096, 16)
 
 
 @triton.jit
+def row_max_key(y_row, V, tau, BLOCK: tl.constexpr):
+    """``(key, nan)`` of a stored logits row ``÷ tau``: the R5 max of its non-NaN entries as an integer order
+    key (``_tl_exact.max_key``) and 1 if an entry is NaN, else 0 (int32 scalars)."""
+    cols = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -2147483647, tl.int32)
+    nanf = tl.zeros([BLOCK], tl.int32)
+    for v0 in range(0, V, BLOCK):
+        valid = v0 + cols < V
+        z = tl.math.div_rn(tl.load(y_row + v0 + cols, mask=valid, other=0.0), tau)
+        nan = E.is_nan(z)
+        best = tl.maximum(best, tl.where(valid & ~nan, E.max_key(z), -2147483647))
+        nanf = tl.maximum(nanf, (valid & nan).to(tl.int32))
+    return tl.max(best, axis=0), tl.max(nanf, axis=0)
+
+
+@triton.jit
 def _tlp_rows_kernel(y_ptr, stride_y, tgt_ptr, m_ptr, key_ptr, nan_ptr, sum_ptr, zt_ptr, bad_ptr,
                      row0, V, vocab_start, tau_bits, PHASE: tl.constexpr, BLOCK: tl.constexpr):
     """One token of a chunk: its stored logits row (``linear``'s fp32 epilogue) ``÷ fp32(tau)``.
@@ -55,16 +71,7 @@ def _tlp_rows_kernel(y_ptr, stride_y, tgt_ptr, m_ptr, key_ptr, nan_ptr, sum_ptr,
     tau = tau_bits.to(tl.float32, bitcast=True)
     cols = tl.arange(0, BLOCK)
     if PHASE != 2:
-        best = tl.full([BLOCK], -2147483647, tl.int32)
-        nanf = tl.zeros([BLOCK], tl.int32)
-        for v0 in range(0, V, BLOCK):
-            valid = v0 + cols < V
-            z = tl.math.div_rn(tl.load(y_row + v0 + cols, mask=valid, other=0.0), tau)
-            nan = E.is_nan(z)
-            best = tl.maximum(best, tl.where(valid & ~nan, E.max_key(z), -2147483647))
-            nanf = tl.maximum(nanf, (valid & nan).to(tl.int32))
-        key = tl.max(best, axis=0)
-        flag = tl.max(nanf, axis=0)
+        key, flag = row_max_key(y_row, V, tau, BLOCK)
         if PHASE == 1:
             tl.store(key_ptr + row, key)
             tl.store(nan_ptr + row, flag)

@@ -21,7 +21,7 @@ OP = "token_entropy_backward"
 TLB = "token_logprobs_backward"
 M = "token_entropy"
 _coefficients = original(M, "_coefficients")
-_exponents = original(M, "_exponents")
+_exponents = original(TLB, "_exponents")
 _nan_max = original(M, "nan_max")
 _pair = original(TLB, "int64_pair_to_float")
 _grid_f64 = original(TLB, "_grid_f64")
@@ -121,7 +121,7 @@ MUTATIONS = [
     mutation(OP, "c_grid_bits", "C_BITS 27 -> 26", patch(TLB, "C_BITS", 26)),
     mutation(OP, "operand_grid_bits", "O_BITS 20 -> 19", patch(TLB, "O_BITS", 19)),
     mutation(OP, "grid_rounding", "ties to even -> ties away", patch("linear", "_round_grid", _half_away)),
-    mutation(OP, "row_exponent", "expo + 1", patch(M, "_exponents", _exponent_plus_one)),
+    mutation(OP, "row_exponent", "expo + 1", patch(TLB, "_exponents", _exponent_plus_one)),
     mutation(OP, "nonfinite_rows", "sentinel rows not NaN", patch(TLB, "_scale", _no_nan_mask)),
     mutation(OP, "vocab_sum", "chunk partials added in one int64 word", patch(M, "_split", _one_word)),
     mutation(OP, "hidden_rounding", "through fp32 first (double rounding)",
