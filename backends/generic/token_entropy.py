@@ -19,7 +19,9 @@ int64 ``c.T @ h`` over all of the call's tokens per vocabulary block (recomputin
 logits when pass A needed several token chunks) and rounds it once to fp32. The budgets are
 multiplied on an accelerator by :func:`~rlkernel.backends.generic._exact.budget.budget_scale`
 (chunking changes no bit). On the CPU the
-products run on float64 grids, elsewhere on linear v2's fp32 digit planes; both are exact.
+products run on float64 grids, elsewhere on linear v2's fp32 digit planes; both are exact. Both passes
+run through :class:`EntropySteps` (``token_logprobs_backward``'s steps plus the entropy's statistics and
+coefficients), which a backend with kernels subclasses (``backends/triton/token_entropy.py``).
 """
 
 from __future__ import annotations
