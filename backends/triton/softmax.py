@@ -170,7 +170,8 @@ def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stri
         if LOG:
             y = d - log_l
         else:
-            y = tl.math.div_rn(E.exp_c(d), big_l)
+            # exp_c_nonpos: d <= 0 where m is finite; elsewhere L is NaN, and so is every output
+            y = tl.math.div_rn(E.exp_c_nonpos(d), big_l)
         tl.store(y_row + idx, E.cast_out(y, OUT), mask=mask)
 
 
