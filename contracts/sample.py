@@ -288,6 +288,16 @@ def _extremes(name: str) -> dict[str, Any]:
     return inputs
 
 
+def _large_k(name: str) -> dict[str, Any]:
+    """top-k with k in the thousands (a backend may finish small k in one tile and large k otherwise),
+    alone and with top-p, next to a small k."""
+    inputs = _params(name, 6, 3000, std=3.0)
+    inputs["temperature"] = torch.tensor([1.0, 0.8, 1.0, 1.2, 1.0, 1.0], dtype=torch.float32)
+    inputs["top_k"] = torch.tensor([1025, 2000, 2999, 1500, 40, 1024])
+    inputs["top_p"] = torch.tensor([1.0, 0.9, 0.5, 0.99, 0.9, 0.95], dtype=torch.float32)
+    return inputs
+
+
 def _non_contiguous(name: str) -> dict[str, Any]:
     inputs = _mixed(name, 5, 300)
     wide = torch.zeros((300, 10), dtype=torch.float32)
@@ -442,7 +452,8 @@ def _pin_top_p() -> dict[str, Any]:
 
 
 def adversarial_cases() -> list[Case]:
-    """Pinning rows; specials, ties, extreme parameters, one-token vocabulary, empty batch, strided inputs."""
+    """Pinning rows; specials, ties, extreme parameters, one-token vocabulary, empty batch, strided inputs,
+    top-k in the thousands."""
 
     def case(name: str, make: Any) -> Case:
         return Case(name, "adversarial", make)
@@ -457,6 +468,7 @@ def adversarial_cases() -> list[Case]:
         case("b1_v3_bf16", lambda: _params("b1_v3_bf16", 1, 3, 0.7, 2, 0.9, dtype=torch.bfloat16)),
         case("b0_empty", lambda: _params("b0_empty", 0, 17)),
         case("non_contiguous", lambda: _non_contiguous("non_contiguous")),
+        case("large_top_k_b6_v3000", lambda: _large_k("large_top_k_b6_v3000")),
         case("flat_logits_b4_v257", lambda: _params("flat_logits_b4_v257", 4, 257, 1.0, 0, 0.5, std=1e-30)),
     ]
 

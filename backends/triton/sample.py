@@ -18,7 +18,14 @@ Two launches, no host reads of device values (CUDA-graph capturable):
   threshold (the k-th largest key) and the top-p threshold (the largest key c with
   ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
   found 3 bits per pass from exact integer counts / int64 sums (order-free), then one pass
-  draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token).
+  draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token). A row with
+  top-k and ``k <= COMPACT`` instead runs the count passes only until at most COMPACT live keys
+  lie at or above the window start L (at the latest after the last pass, when exactly k do),
+  stores those keys (one more pass, positions from an in-tile prefix count), and finishes in one
+  register tile: sorted descending, the first k are the top-k survivors, the top-p cut is the
+  first key whose inclusive prefix sum of ``q`` reaches P, and the Gumbel-max runs over the kept
+  entries with Philox per entry. The same keys, sums and noise as the full passes, so the same
+  token; no pass over the vocabulary after the store.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ FILTER_BLOCK = 512
 #: digit bits per selection pass, and the passes that cover the 50-bit rank key
 DIGIT_BITS = 4
 SELECT_PASSES = 13
+#: most top-k survivors a row finishes in one register tile (a power of two; rows with a larger k run
+#: the full selection passes)
+COMPACT = 1024
 
 _M0 = tl.constexpr(0xD2511F53)
 _M1 = tl.constexpr(0xCD9E8D57)
@@ -83,6 +93,21 @@ def _gumbel_tile(blk0, R: tl.constexpr, seed, pos):
     w0, w1, w2, w3 = _philox((blk0 + rr).to(tl.uint32), pos.to(tl.uint32), (pos >> 32).to(tl.uint32),
                              seed.to(tl.uint32), (seed >> 32).to(tl.uint32))
     r = tl.where(cc == 0, w0[:, None], tl.where(cc == 1, w1[:, None], tl.where(cc == 2, w2[:, None], w3[:, None])))
+    return _noise_of(r)
+
+
+@triton.jit
+def _gumbel_at(j, seed, pos):
+    """Noise of the tokens ``j`` (int64 tensor, any order): one Philox block per token, word ``j & 3``."""
+    w0, w1, w2, w3 = _philox((j >> 2).to(tl.uint32), pos.to(tl.uint32), (pos >> 32).to(tl.uint32),
+                             seed.to(tl.uint32), (seed >> 32).to(tl.uint32))
+    c = j & 3
+    return _noise_of(tl.where(c == 0, w0, tl.where(c == 1, w1, tl.where(c == 2, w2, w3))))
+
+
+@triton.jit
+def _noise_of(r):
+    """``g = -log_c(-log_c(u))`` of the Philox words ``r`` (uint32), ``u = (2 * (r >> 9) + 1) * 2**-24``."""
     u = ((r >> 9) * 2 + 1).to(tl.int32).to(tl.float32) * _TWO_M24  # exact: an integer < 2**24 times 2**-24
     return -E.log_c(-E.log_c(u))
 
@@ -102,6 +127,20 @@ def _rank_key(z, j):
     b = z.to(tl.int32, bitcast=True)
     a = b & 0x7FFFFFFF
     return ((tl.where(b < 0, -a, a).to(tl.int64) + _INF_KEY) << _IDX_BITS) | (_IDX_MASK - j.to(tl.int64))
+
+
+@triton.jit
+def _z_of_key(key):
+    """The fp32 ``z`` of a rank key (up to the sign of a zero, which no later step sees: the rank key and
+    ``exp_c(z - m)`` are the same for -0 and +0)."""
+    o = (key >> _IDX_BITS) - _INF_KEY
+    return tl.where(o < 0, 2147483648 - o, o).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _cut(total, pnum):
+    """The top-p cut ``P = floor(total * pnum / 2**24)``, exact in int64 (total <= 2**58, pnum <= 2**24)."""
+    return (total >> 24) * pnum + (((total & 0xFFFFFF) * pnum) >> 24)
 
 
 @triton.jit
@@ -188,7 +227,7 @@ def _select(x_row, V, tau, m, lo_key, target, pnum, USE_Q: tl.constexpr, BLOCK: 
         if USE_Q:
             if ps == 0:
                 total = tl.sum(tl.where(d == 0, acc, 0), axis=0)
-                tgt = (total >> 24) * pnum + (((total & 0xFFFFFF) * pnum) >> 24)
+                tgt = _cut(total, pnum)
         pick = tl.max(tl.where(acc >= tgt, d, 0), axis=0)
         # the live tokens above the next window: f at the next candidate (or the same base)
         base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
@@ -197,9 +236,68 @@ def _select(x_row, V, tau, m, lo_key, target, pnum, USE_Q: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, out_ptr, V, S,
-                          S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                          PASSES: tl.constexpr):
+def _top_window(x_row, V, tau, k, MOST: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                PASSES: tl.constexpr):
+    """``_select``'s count passes for the k-th largest key (0 < k < V), stopped as soon as at most MOST
+    keys are >= the window start L (no pass when V <= MOST; after the last pass exactly k are).
+    Returns (L, the count of keys >= L)."""
+    NC: tl.constexpr = 1 << DIGIT
+    d = tl.arange(0, NC).to(tl.int64)
+    L = tl.zeros([], tl.int64)
+    base = tl.zeros([], tl.int64)
+    cnt = tl.zeros([], tl.int64) + V
+    ps = tl.zeros([], tl.int32)
+    while (cnt > MOST) & (ps < PASSES):
+        shift = (PASSES - 1 - ps) * DIGIT
+        acc = _digit_pass(x_row, V, tau, 0.0, 0, L, shift, base, False, BLOCK, NC)
+        pick = tl.max(tl.where(acc >= k, d, 0), axis=0)
+        cnt = tl.sum(tl.where(d == pick, acc, 0), axis=0)
+        base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
+        L = L + (pick << shift)
+        ps += 1
+    return L, cnt
+
+
+@triton.jit
+def _store_keys(x_row, V, tau, L, keys_row, BLOCK: tl.constexpr):
+    """Store the rank keys >= L of the row to ``keys_row`` (in index order; the caller sorts them)."""
+    cols = tl.arange(0, BLOCK)
+    n = tl.zeros([], tl.int32)
+    for off in range(0, V, BLOCK):
+        j = off + cols
+        mask = j < V
+        key = _rank_key(tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau), j)
+        keep = (mask & (key >= L)).to(tl.int32)
+        c = tl.sum(keep, axis=0)
+        if c != 0:
+            tl.store(keys_row + (n + tl.cumsum(keep, axis=0) - 1), key, mask=keep != 0)
+            n += c
+
+
+@triton.jit
+def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
+    """The token of a top-k row from its ``cnt`` (k <= cnt <= C) stored keys: sorted descending, the
+    first k survive top-k; with top-p the kept ones end at the first whose inclusive prefix sum of
+    ``q`` reaches P (the first is always kept); Gumbel-max over the kept."""
+    ci = tl.arange(0, C)
+    # .cg: read from L2, where this program's stores went (made visible to the program by the barrier)
+    keys = tl.sort(tl.load(keys_row + ci, mask=ci < cnt, other=-1, cache_modifier=".cg"), descending=True)
+    kept = ci < k
+    z = _z_of_key(keys)
+    if top_p:
+        q = tl.where(kept, E.to_fixed_abs(E.exp_c(z - m), 40), 0)
+        cum = tl.cumsum(q, axis=0)
+        p_cut = _cut(tl.sum(q, axis=0), pnum)
+        kept = kept & (keys >= tl.max(tl.where(kept & (cum >= p_cut), keys, -1), axis=0))
+    j = _IDX_MASK - (keys & _IDX_MASK)
+    best = tl.max(tl.where(kept, _rank_key(z + _gumbel_at(j, seed, pos), j), -1), axis=0)
+    return _IDX_MASK - (best & _IDX_MASK)
+
+
+@triton.jit
+def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, keys_ptr, out_ptr,
+                          V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                          PASSES: tl.constexpr, C: tl.constexpr):
     row = tl.program_id(0)
     si = tl.arange(0, S_BLOCK)
     v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
@@ -216,25 +314,32 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
         pos = tl.load(pos_ptr + row)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
-        lo = tl.zeros([], tl.int64)
-        if top_k:
-            lo = _select(x_row, V, tau, m, lo, k, 0, False, BLOCK, DIGIT, PASSES)
-        thr = lo
-        if top_p:
-            pnum = E.to_fixed(p, 0, 24)
-            thr = tl.minimum(_select(x_row, V, tau, m, lo, 0, pnum, True, BLOCK, DIGIT, PASSES), top_key)
-        R: tl.constexpr = BLOCK // 4
-        jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        best = tl.full([R, 4], -1, tl.int64)
-        for off in range(0, V, BLOCK):
-            j = off + jt
-            mask = j < V
-            z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
-            kept = mask & (_rank_key(z, j) >= thr)
-            if tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0) != 0:
-                s = z + _gumbel_tile(off // 4, R, seed, pos)
-                best = tl.maximum(best, tl.where(kept, _rank_key(s, j), -1))
-        tok = _IDX_MASK - (tl.max(tl.max(best, axis=1), axis=0) & _IDX_MASK)
+        pnum = E.to_fixed(p, 0, 24)
+        if top_k & (k <= C):
+            L, cnt = _top_window(x_row, V, tau, k, C, BLOCK, DIGIT, PASSES)
+            keys_row = keys_ptr + row.to(tl.int64) * C
+            _store_keys(x_row, V, tau, L, keys_row, BLOCK)
+            tl.debug_barrier()
+            tok = _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C)
+        else:
+            lo = tl.zeros([], tl.int64)
+            if top_k:
+                lo = _select(x_row, V, tau, m, lo, k, 0, False, BLOCK, DIGIT, PASSES)
+            thr = lo
+            if top_p:
+                thr = tl.minimum(_select(x_row, V, tau, m, lo, 0, pnum, True, BLOCK, DIGIT, PASSES), top_key)
+            R: tl.constexpr = BLOCK // 4
+            jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
+            best = tl.full([R, 4], -1, tl.int64)
+            for off in range(0, V, BLOCK):
+                j = off + jt
+                mask = j < V
+                z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+                kept = mask & (_rank_key(z, j) >= thr)
+                if tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0) != 0:
+                    s = z + _gumbel_tile(off // 4, R, seed, pos)
+                    best = tl.maximum(best, tl.where(kept, _rank_key(s, j), -1))
+            tok = _IDX_MASK - (tl.max(tl.max(best, axis=1), axis=0) & _IDX_MASK)
     tl.store(out_ptr + row, tok)
 
 
@@ -285,10 +390,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
     s, chunk = _chunking(b, v)
     part = torch.empty((b, s), dtype=torch.int64, device=logits.device)
+    keys = torch.empty((b, COMPACT), dtype=torch.int64, device=logits.device)
     _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
                                  **LAUNCH)
-    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, out, v, s, S_BLOCK=MAX_SPLITS,
-                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, num_warps=8,
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, keys, out, v, s, S_BLOCK=MAX_SPLITS,
+                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, C=COMPACT, num_warps=8,
                                 **LAUNCH)
     return out
 
@@ -303,8 +409,10 @@ def static_specs(target: TritonTarget):
                        "BLOCK": "constexpr"},
                       {"BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
         specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "out_ptr": "*i64", "V": "i32", "S": "i32",
-                       "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr"},
-                      {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES},
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "keys_ptr": "*i64", "out_ptr": "*i64",
+                       "V": "i32", "S": "i32", "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr",
+                       "PASSES": "constexpr", "C": "constexpr"},
+                      {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
+                       "C": COMPACT},
                       {"num_warps": 8}))
     return specs
