@@ -294,7 +294,7 @@ def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
     return _IDX_MASK - (best & _IDX_MASK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["V"])
 def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, keys_ptr, out_ptr,
                           V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
                           PASSES: tl.constexpr, C: tl.constexpr):
