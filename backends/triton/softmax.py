@@ -15,9 +15,6 @@ three launches (the sum needs the exact row max, the output needs ``L``):
 3. ``_split_out_kernel``: ``L`` from the ``S`` sums (exact int64 addition, any order) and
    flags, then the chunk's outputs.
 
-Launches are in row-fastest order; the max and out kernels take their cells last-first and the
-sum kernel first-first, so each starts where the one before it ended (those columns are in L2).
-
 The partials are written, not accumulated: every buffer is ``torch.empty`` (no fill launch, no
 atomics), the launches read nothing on the host, so the op captures in CUDA graphs. The bits
 are the contract's whatever ``S`` and the chunk: the max and the sum are exact integer
@@ -87,19 +84,10 @@ def _sum_code(m):
 
 
 @triton.jit
-def _reversed_cell(S):
-    """The (row, s) cell of this program, the last cell first: the max and out kernels walk the rows
-    backwards, the sum kernel between them forwards, so each kernel starts on the columns the one
-    before it read last (still in L2: at 256 rows of a 151 936 vocabulary, 50 MB of 155 MB). Which
-    program takes a cell cannot change its bits."""
-    return (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64), S - 1 - tl.program_id(1)
-
-
-@triton.jit
 def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.constexpr):
-    """keys[row, s] = the R5 max key of columns [s * chunk, (s + 1) * chunk), NAN_KEY if a NaN is there.
-    Programs take their (row, s) cells in reverse launch order (``_reversed_cell``)."""
-    row, s = _reversed_cell(S)
+    """keys[row, s] = the R5 max key of columns [s * chunk, (s + 1) * chunk), NAN_KEY if a NaN is there."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
     x_row = x_ptr + row * x_row_stride
     cols = tl.arange(0, TILE)
     start = s * chunk
@@ -157,9 +145,9 @@ def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chu
 @triton.jit
 def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, y_row_stride, chunk, S,
                       LOG: tl.constexpr, OUT: tl.constexpr, TILE: tl.constexpr, PART: tl.constexpr):
-    """The chunk's outputs, ``L`` from the row's S partial sums (exact) and flags; cells in reverse launch
-    order (``_reversed_cell``)."""
-    row, s = _reversed_cell(S)
+    """The chunk's outputs, ``L`` from the row's S partial sums (exact) and flags."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
     m = _row_max_of_keys(keys_ptr + row * S, S, PART)
