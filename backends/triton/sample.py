@@ -17,7 +17,7 @@ Two launches, no host reads of device values (CUDA-graph capturable):
   one program: rank keys are the unique 50-bit ``(order(z) << 18) | (2**18 - 1 - j)``; the top-k
   threshold (the k-th largest key) and the top-p threshold (the largest key c with
   ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
-  found 3 bits per pass from exact integer counts / int64 sums (order-free), then one pass
+  found 4 bits per pass from exact integer counts / int64 sums (order-free), then one pass
   draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token). A row with
   top-k and ``k <= COMPACT`` instead runs the count passes only until at most COMPACT live keys
   lie at or above the window start L (at the latest after the last pass, when exactly k do),
