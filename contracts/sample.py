@@ -566,10 +566,10 @@ def _bench(b: int, v: int = 151936, sizes: tuple[str, ...] = ("large",), k: int 
 
 def bench_cases() -> list[BenchCase]:
     """B = 1, 64, 256 (large), B = 1, 4 (small) at the Qwen3 vocabulary (151936), fp32 logits,
-    temperature 0.8; and with top-k 50 and top-p 0.9 at B = 64 (large) and 4 (small), against
-    vLLM's torch sampler (sort, threshold, cumulative softmax, multinomial).
+    temperature 0.8; with top-k 50 and top-p 0.9 at B = 64 (large) and 4 (small), and top-p 0.9
+    alone at B = 64, against vLLM's torch sampler (sort, threshold, cumulative softmax, multinomial).
 
     bytes = logits (fp32) + output (int64); flops = 0 (memory- and RNG-bound).
     """
     return [_bench(1, sizes=("small", "large")), _bench(64), _bench(256), _bench(4, sizes=("small",)),
-            _bench(64, k=50, p=0.9), _bench(4, sizes=("small",), k=50, p=0.9)]
+            _bench(64, k=50, p=0.9), _bench(4, sizes=("small",), k=50, p=0.9), _bench(64, p=0.9)]

@@ -140,11 +140,12 @@ def test_large_shapes_are_the_ones_of_the_committed_h200_report() -> None:
     cases, without = bench.plan(load_contracts()[0], "large")
     assert without == []
     #: cases added later to cover the performance issue's goal ranges (decode at batch 256 / context 32k,
-    #: sampling with top-k and top-p, the Qwen3-0.6B projections and attention of a 256-sequence decode step)
+    #: sampling with top-k and top-p and with top-p alone, the Qwen3-0.6B projections and attention of a
+    #: 256-sequence decode step)
     added = {("attention_paged", "qwen3_8b_decode_B256_ctx4096_bs16_bf16"),
              ("attention_paged", "qwen3_0.6b_decode_B256_ctx128_bs16_bf16"),
              ("attention_paged", "qwen3_8b_decode_B8_ctx32768_bs16_bf16"),
-             ("sample", "qwen3_vocab_b64_topk50_topp0.9"),
+             ("sample", "qwen3_vocab_b64_topk50_topp0.9"), ("sample", "qwen3_vocab_b64_topp0.9"),
              ("linear", "qwen3_0.6b_m256_k2048_n1024_bf16"), ("linear", "qwen3_0.6b_m256_k3072_n1024_bf16")}
     #: linear's decode shapes as the rollout's decode graphs run them (the weight's exponents or planes given)
     added |= {("linear", f"{shape}_bf16_{given}_given") for shape, given in (
