@@ -17,18 +17,15 @@ Two launches, no host reads of device values (CUDA-graph capturable):
   one program: rank keys are the unique 50-bit ``(order(z) << 18) | (2**18 - 1 - j)``; the top-k
   threshold (the k-th largest key) and the top-p threshold (the largest key c with
   ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
-  found ``DIGIT_BITS`` (4) bits per pass from exact integer counts / int64 sums (order-free), then one pass
+  found 4 bits per pass from exact integer counts / int64 sums (order-free), then one pass
   draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token). A row with
   top-k and ``k <= COMPACT`` instead runs the count passes only until at most COMPACT live keys
   lie at or above the window start L (at the latest after the last pass, when exactly k do),
   stores those keys (one more pass, positions from an in-tile prefix count), and finishes in one
   register tile: sorted descending, the first k are the top-k survivors, the top-p cut is the
   first key whose inclusive prefix sum of ``q`` reaches P, and the Gumbel-max runs over the kept
-  entries with Philox per entry. A top-p row without that top-k counts its live keys alongside the
-  q-sums and stops its passes the same way (at most COMPACT live keys at or above L; the cut P comes
-  from the first pass's total), then finishes in the tile from the keys at or above ``min(L, top
-  key)``. The same keys, sums and noise as the full passes, so the same token; no pass over the
-  vocabulary after the store. Rows whose window never gets that small end with the full passes.
+  entries with Philox per entry. The same keys, sums and noise as the full passes, so the same
+  token; no pass over the vocabulary after the store.
 """
 
 from __future__ import annotations
@@ -182,22 +179,21 @@ def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_p
 
 
 @triton.jit
-def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base_n, base_q, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
+def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
                 NC: tl.constexpr):
-    """For the candidates ``c_d = L + (d << shift)``, d < NC: the count of the live tokens (``key >=
-    lo_key``) with ``key >= c_d`` and (USE_Q) the exact int64 sum of their ``q = RNE(exp_c(z - m) *
-    2**40)``; two int64 [NC] (the sums stay ``base_q`` without USE_Q).
+    """For the candidates ``c_d = L + (d << shift)``, d < NC: ``f(c_d)``, the count (USE_Q false)
+    or the exact int64 sum of ``q = RNE(exp_c(z - m) * 2**40)`` (USE_Q) of the live tokens
+    (``key >= lo_key``) with ``key >= c_d``; int64 [NC].
 
     Only the window ``L <= key < L + (NC << shift)`` is visited: the live tokens above it add
-    ``base_n`` / ``base_q`` to every candidate (the caller knows them from the previous pass), those
-    below add nothing, so a tile without a window token skips exp_c and the candidate compares.
+    ``base`` to every candidate (the caller knows it from the previous pass), those below add
+    nothing, so a tile without a window token skips exp_c and the candidate compares.
     """
     cols = tl.arange(0, BLOCK)
     dd = tl.arange(0, NC).to(tl.int64)
     cand = L + (dd << shift)
     top = L + (tl.full([], NC, tl.int64) << shift)
-    acc_n = tl.zeros([NC], tl.int64) + base_n
-    acc_q = tl.zeros([NC], tl.int64) + base_q
+    acc = tl.zeros([NC], tl.int64) + base
     for off in range(0, V, BLOCK):
         j = off + cols
         mask = j < V
@@ -205,89 +201,94 @@ def _digit_pass(x_row, V, tau, m, lo_key, L, shift, base_n, base_q, USE_Q: tl.co
         key = _rank_key(z, j)
         win = mask & (key >= lo_key) & (key >= L) & (key < top)
         if tl.max(win.to(tl.int32), axis=0) != 0:
-            above = (key[:, None] >= cand[None, :]) & win[:, None]
-            acc_n += tl.sum(above.to(tl.int32), axis=0).to(tl.int64)
             if USE_Q:
-                w = E.to_fixed_abs(E.exp_c(z - m), 40)  # z <= m: the top z
-                acc_q += tl.sum(tl.where(above, w[:, None], 0), axis=0)
-    return acc_n, acc_q
+                w = tl.where(win, E.to_fixed_abs(E.exp_c(z - m), 40), 0)  # z <= m: the top z
+            else:
+                w = win.to(tl.int64)
+            acc += tl.sum(tl.where(key[:, None] >= cand[None, :], w[:, None], 0), axis=0)
+    return acc
 
 
 @triton.jit
-def _window(x_row, V, tau, m, lo_key, live, target, pnum, most, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
+def _select(x_row, V, tau, m, lo_key, target, pnum, USE_Q: tl.constexpr, BLOCK: tl.constexpr,
             DIGIT: tl.constexpr, PASSES: tl.constexpr):
-    """Radix selection of the largest key c with ``f(c) >= target`` over the ``live`` tokens (``key >=
-    lo_key``): f the count of live keys >= c, or (USE_Q) the sum of their q with the target the top-p
-    cut ``P = floor(f(0) * pnum / 2**24)`` (from the first pass). DIGIT bits a pass, most significant
-    first; f is non-increasing and f(0) >= target.
-
-    Stops as soon as at most ``most`` live keys are >= the window start L (``most`` < 0: never; no pass
-    when ``live <= most``); after the last pass L is the selected key itself. Returns (L, the count of
-    live keys >= L, P or -1 where no pass ran or not USE_Q)."""
+    """The largest key c with ``f(c) >= target`` (f: count or q-sum of the live keys >= c; f is
+    non-increasing and f(0) >= target), found DIGIT bits per pass, most significant first.
+    With USE_Q the target is the top-p cut ``floor(total * pnum / 2**24)`` (exact in int64),
+    total = f(0) from the first pass."""
     NC: tl.constexpr = 1 << DIGIT
     d = tl.arange(0, NC).to(tl.int64)
     L = tl.zeros([], tl.int64)
-    base_n = tl.zeros([], tl.int64)
-    base_q = tl.zeros([], tl.int64)
-    cnt = tl.zeros([], tl.int64) + live
+    base = tl.zeros([], tl.int64)
     tgt = tl.zeros([], tl.int64) + target
-    p_cut = tl.full([], -1, tl.int64)
-    ps = tl.zeros([], tl.int32)
-    while (cnt > most) & (ps < PASSES):
+    for ps in range(PASSES):
         shift = (PASSES - 1 - ps) * DIGIT
-        acc_n, acc_q = _digit_pass(x_row, V, tau, m, lo_key, L, shift, base_n, base_q, USE_Q, BLOCK, NC)
+        acc = _digit_pass(x_row, V, tau, m, lo_key, L, shift, base, USE_Q, BLOCK, NC)
         if USE_Q:
             if ps == 0:
-                p_cut = _cut(tl.sum(tl.where(d == 0, acc_q, 0), axis=0), pnum)
-            tgt = p_cut
-            f = acc_q
-        else:
-            f = acc_n
-        pick = tl.max(tl.where(f >= tgt, d, 0), axis=0)
-        cnt = tl.sum(tl.where(d == pick, acc_n, 0), axis=0)
+                total = tl.sum(tl.where(d == 0, acc, 0), axis=0)
+                tgt = _cut(total, pnum)
+        pick = tl.max(tl.where(acc >= tgt, d, 0), axis=0)
         # the live tokens above the next window: f at the next candidate (or the same base)
-        nxt = d == pick + 1
-        base_n = tl.where(pick == NC - 1, base_n, tl.sum(tl.where(nxt, acc_n, 0), axis=0))
-        base_q = tl.where(pick == NC - 1, base_q, tl.sum(tl.where(nxt, acc_q, 0), axis=0))
+        base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
         L = L + (pick << shift)
-        ps += 1
-    return L, cnt, p_cut
+    return L
 
 
 @triton.jit
-def _store_keys(x_row, V, tau, lo_key, L, keys_row, BLOCK: tl.constexpr):
-    """Store the rank keys >= L and >= lo_key of the row to ``keys_row`` (in index order; the caller
-    sorts them); returns their count."""
+def _top_window(x_row, V, tau, k, MOST: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                PASSES: tl.constexpr):
+    """``_select``'s count passes for the k-th largest key (0 < k < V), stopped as soon as at most MOST
+    keys are >= the window start L (no pass when V <= MOST; after the last pass exactly k are).
+    Returns (L, the count of keys >= L)."""
+    NC: tl.constexpr = 1 << DIGIT
+    d = tl.arange(0, NC).to(tl.int64)
+    L = tl.zeros([], tl.int64)
+    base = tl.zeros([], tl.int64)
+    cnt = tl.zeros([], tl.int64) + V
+    ps = tl.zeros([], tl.int32)
+    while (cnt > MOST) & (ps < PASSES):
+        shift = (PASSES - 1 - ps) * DIGIT
+        acc = _digit_pass(x_row, V, tau, 0.0, 0, L, shift, base, False, BLOCK, NC)
+        pick = tl.max(tl.where(acc >= k, d, 0), axis=0)
+        cnt = tl.sum(tl.where(d == pick, acc, 0), axis=0)
+        base = tl.where(pick == NC - 1, base, tl.sum(tl.where(d == pick + 1, acc, 0), axis=0))
+        L = L + (pick << shift)
+        ps += 1
+    return L, cnt
+
+
+@triton.jit
+def _store_keys(x_row, V, tau, L, keys_row, BLOCK: tl.constexpr):
+    """Store the rank keys >= L of the row to ``keys_row`` (in index order; the caller sorts them)."""
     cols = tl.arange(0, BLOCK)
     n = tl.zeros([], tl.int32)
     for off in range(0, V, BLOCK):
         j = off + cols
         mask = j < V
         key = _rank_key(tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau), j)
-        keep = (mask & (key >= L) & (key >= lo_key)).to(tl.int32)
+        keep = (mask & (key >= L)).to(tl.int32)
         c = tl.sum(keep, axis=0)
         if c != 0:
             tl.store(keys_row + (n + tl.cumsum(keep, axis=0) - 1), key, mask=keep != 0)
             n += c
-    return n
 
 
 @triton.jit
-def _finish_tile(keys_row, n, n_live, m, top_p, p_cut, pnum, seed, pos, C: tl.constexpr):
-    """The token of a filtered row from its ``n`` (<= C) stored keys: sorted descending, the first
-    ``n_live`` survive (top-k); with top-p the kept ones end at the first whose inclusive prefix sum of
-    ``q`` reaches P (``p_cut``, or from the survivors' own total where ``p_cut`` < 0: then they are all
-    the row's live tokens); Gumbel-max over the kept."""
+def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
+    """The token of a top-k row from its ``cnt`` (k <= cnt <= C) stored keys: sorted descending, the
+    first k survive top-k; with top-p the kept ones end at the first whose inclusive prefix sum of
+    ``q`` reaches P (the first is always kept); Gumbel-max over the kept."""
     ci = tl.arange(0, C)
     # .cg: read from L2, where this program's stores went (made visible to the program by the barrier)
-    keys = tl.sort(tl.load(keys_row + ci, mask=ci < n, other=-1, cache_modifier=".cg"), descending=True)
-    kept = ci < n_live
+    keys = tl.sort(tl.load(keys_row + ci, mask=ci < cnt, other=-1, cache_modifier=".cg"), descending=True)
+    kept = ci < k
     z = _z_of_key(keys)
     if top_p:
         q = tl.where(kept, E.to_fixed_abs(E.exp_c(z - m), 40), 0)
         cum = tl.cumsum(q, axis=0)
-        cut = tl.where(p_cut < 0, _cut(tl.sum(q, axis=0), pnum), p_cut)
-        kept = kept & (keys >= tl.max(tl.where(kept & (cum >= cut), keys, -1), axis=0))
+        p_cut = _cut(tl.sum(q, axis=0), pnum)
+        kept = kept & (keys >= tl.max(tl.where(kept & (cum >= p_cut), keys, -1), axis=0))
     j = _IDX_MASK - (keys & _IDX_MASK)
     best = tl.max(tl.where(kept, _rank_key(z + _gumbel_at(j, seed, pos), j), -1), axis=0)
     return _IDX_MASK - (best & _IDX_MASK)
@@ -314,44 +315,31 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
         x_row = x_ptr + row.to(tl.int64) * stride_x
         m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
         pnum = E.to_fixed(p, 0, 24)
-        keys_row = keys_ptr + row.to(tl.int64) * C
         if top_k & (k <= C):
-            # count passes until at most C keys lie at or above the window; the first k of them survive
-            L, cnt, unused = _window(x_row, V, tau, m, 0, V, k, pnum, C, False, BLOCK, DIGIT, PASSES)
-            n = _store_keys(x_row, V, tau, 0, L, keys_row, BLOCK)
+            L, cnt = _top_window(x_row, V, tau, k, C, BLOCK, DIGIT, PASSES)
+            keys_row = keys_ptr + row.to(tl.int64) * C
+            _store_keys(x_row, V, tau, L, keys_row, BLOCK)
             tl.debug_barrier()
-            tok = _finish_tile(keys_row, n, k, m, top_p, -1, pnum, seed, pos, C)
+            tok = _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C)
         else:
             lo = tl.zeros([], tl.int64)
-            live = tl.zeros([], tl.int64) + V
-            if top_k:  # k > C: every count pass
-                lo, cnt, unused = _window(x_row, V, tau, m, 0, V, k, pnum, -1, False, BLOCK, DIGIT, PASSES)
-                live = live * 0 + k
+            if top_k:
+                lo = _select(x_row, V, tau, m, lo, k, 0, False, BLOCK, DIGIT, PASSES)
             thr = lo
-            p_cut = tl.full([], -1, tl.int64)
-            small = tl.zeros([], tl.int32)
             if top_p:
-                # q passes until at most C live keys lie at or above the window (or to the end)
-                L, cnt, p_cut = _window(x_row, V, tau, m, lo, live, 0, pnum, C, True, BLOCK, DIGIT, PASSES)
-                thr = tl.minimum(L, top_key)  # the top-ranked token is always kept (and stored)
-                small = (cnt <= C).to(tl.int32)
-            if small != 0:
-                n = _store_keys(x_row, V, tau, lo, thr, keys_row, BLOCK)
-                tl.debug_barrier()
-                tok = _finish_tile(keys_row, n, n, m, True, p_cut, pnum, seed, pos, C)
-            else:
-                R: tl.constexpr = BLOCK // 4
-                jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
-                best = tl.full([R, 4], -1, tl.int64)
-                for off in range(0, V, BLOCK):
-                    j = off + jt
-                    mask = j < V
-                    z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
-                    kept = mask & (_rank_key(z, j) >= thr)
-                    if tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0) != 0:
-                        s = z + _gumbel_tile(off // 4, R, seed, pos)
-                        best = tl.maximum(best, tl.where(kept, _rank_key(s, j), -1))
-                tok = _IDX_MASK - (tl.max(tl.max(best, axis=1), axis=0) & _IDX_MASK)
+                thr = tl.minimum(_select(x_row, V, tau, m, lo, 0, pnum, True, BLOCK, DIGIT, PASSES), top_key)
+            R: tl.constexpr = BLOCK // 4
+            jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
+            best = tl.full([R, 4], -1, tl.int64)
+            for off in range(0, V, BLOCK):
+                j = off + jt
+                mask = j < V
+                z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+                kept = mask & (_rank_key(z, j) >= thr)
+                if tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0) != 0:
+                    s = z + _gumbel_tile(off // 4, R, seed, pos)
+                    best = tl.maximum(best, tl.where(kept, _rank_key(s, j), -1))
+            tok = _IDX_MASK - (tl.max(tl.max(best, axis=1), axis=0) & _IDX_MASK)
     tl.store(out_ptr + row, tok)
 
 
