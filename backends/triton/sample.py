@@ -54,9 +54,9 @@ SELECT_PASSES = 13
 #: most top-k survivors a row finishes in one register tile (a power of two; rows with a larger k run
 #: the full selection passes)
 COMPACT = 1024
-#: most candidate keys of a filtered row the finish kernel sorts in one register tile (a power of two):
-#: each split program keeps its chunk's ``UNION // next_pow2(S)`` largest rank keys, clamped to
-#: [CAND_MIN, CAND_MAX] (and to SPLIT_BLOCK)
+#: candidate keys of a filtered row the finish kernel aims to sort in one register tile (a power of
+#: two): each split program keeps its chunk's ``UNION // next_pow2(S)`` largest rank keys, clamped to
+#: [CAND_MIN, CAND_MAX] (and to SPLIT_BLOCK); the tile is ``next_pow2(S * CAND)``
 UNION = 8192
 CAND_MIN = 16
 CAND_MAX = 256
@@ -347,18 +347,20 @@ def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
 
 
 @triton.jit
-def _union_token(cand_row, n_cand, k, top_k, top_p, m, total, pnum, seed, pos, U: tl.constexpr, CAND: tl.constexpr):
-    """The token of a filtered row from its split programs' candidates (``n_cand`` keys, each program's
-    CAND largest, padded with -1), and whether they decide it. Every key left out of the union is below
-    its program's smallest kept key, so below ``floor`` (the largest of those): the union holds every key
-    >= floor. Sorted descending, the first k are the top-k survivors when the k-th is >= floor; the top-p
-    cut is the first key whose inclusive prefix sum of ``q`` reaches P (``total`` given for rows without
-    top-k), exact when that key is >= floor; then the Gumbel-max over the kept entries (Philox per entry).
-    Otherwise (0, False): the caller runs the selection passes."""
+def _union_token(cand_row, S, CAND, k, top_k, top_p, m, total, pnum, seed, pos, S_BLOCK: tl.constexpr,
+                 U: tl.constexpr):
+    """The token of a filtered row from its S split programs' candidates (each program's CAND largest
+    keys, sorted descending, padded with -1; S * CAND <= U), and whether they decide it. Every key left
+    out of the union is below its program's smallest kept key, so below ``floor`` (the largest of
+    those): the union holds every key >= floor. Sorted descending, the first k are the top-k survivors
+    when the k-th is >= floor; the top-p cut is the first key whose inclusive prefix sum of ``q``
+    reaches P (``total`` given for rows without top-k), exact when that key is >= floor; then the
+    Gumbel-max over the kept entries (Philox per entry). Where the union does not decide, the flag is
+    False and the token meaningless: the caller runs the selection passes."""
+    si = tl.arange(0, S_BLOCK)
+    floor = tl.max(tl.load(cand_row + si * CAND + (CAND - 1), mask=si < S, other=-1), axis=0)
     ci = tl.arange(0, U)
-    keys = tl.load(cand_row + ci, mask=ci < n_cand, other=-1)
-    floor = tl.max(tl.min(tl.reshape(keys, [U // CAND, CAND]), axis=1), axis=0)
-    keys = tl.sort(keys, descending=True)
+    keys = tl.sort(tl.load(cand_row + ci, mask=ci < S * CAND, other=-1), descending=True)
     low = tl.maximum(floor, 0)
     if top_k:
         kept = ci < k
@@ -382,8 +384,8 @@ def _union_token(cand_row, n_cand, k, top_k, top_p, m, total, pnum, seed, pos, U
 
 @triton.jit(do_not_specialize=["V"])
 def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, cand_ptr, qpart_ptr,
-                          keys_ptr, out_ptr, V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                          PASSES: tl.constexpr, C: tl.constexpr, U: tl.constexpr, CAND: tl.constexpr):
+                          keys_ptr, out_ptr, V, S, CAND, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                          DIGIT: tl.constexpr, PASSES: tl.constexpr, C: tl.constexpr, U: tl.constexpr):
     row = tl.program_id(0)
     si = tl.arange(0, S_BLOCK)
     v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
@@ -407,8 +409,8 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
             total = tl.zeros([], tl.int64)
             if top_p & (~top_k):
                 total = tl.sum(tl.load(qpart_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
-            tok_u, ok = _union_token(cand_ptr + row.to(tl.int64) * S * CAND, S * CAND, k, top_k, top_p, m, total,
-                                     pnum, seed, pos, U, CAND)
+            tok_u, ok = _union_token(cand_ptr + row.to(tl.int64) * S * CAND, S, CAND, k, top_k, top_p, m, total,
+                                     pnum, seed, pos, S_BLOCK, U)
         if ok:
             tok = tok_u
         elif top_k & (k <= C):
@@ -448,7 +450,8 @@ def _chunking(b: int, v: int) -> tuple[int, int]:
 
 
 def _candidates(s: int) -> int:
-    """Keys each of a row's S split programs keeps for the finish kernel's union tile (a power of two)."""
+    """Keys each of a row's S split programs keeps for the finish kernel's union tile (a power of two;
+    S * CAND <= the tile)."""
     return min(CAND_MAX, SPLIT_BLOCK, max(CAND_MIN, UNION // next_pow2(s)))
 
 
@@ -500,14 +503,14 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                                  num_warps=4, **LAUNCH)
     _sample_qsum_kernel[(b, s)](x, x.stride(0), *params[:3], part, qpart, v, chunk, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=SPLIT_BLOCK, num_warps=4, **LAUNCH)
-    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, cands, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
-                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, C=COMPACT,
-                                U=next_pow2(s) * cand, CAND=cand, num_warps=8, **LAUNCH)
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, cands, qpart, keys, out, v, s, cand,
+                                S_BLOCK=MAX_SPLITS, BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES,
+                                C=COMPACT, U=next_pow2(s * cand), num_warps=8, **LAUNCH)
     return out
 
 
 def static_specs(target: TritonTarget):
-    s, chunk = _chunking(64, 151936)  # the Qwen3 vocabulary at B = 64: the union tile's usual size
+    s, chunk = _chunking(64, 151936)  # the Qwen3 vocabulary at B = 64: 128 candidates a split program
     cand = _candidates(s)
     specs = []
     params = {"tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64",
@@ -524,10 +527,10 @@ def static_specs(target: TritonTarget):
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
         specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
                       {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "cand_ptr": "*i64", "qpart_ptr": "*i64",
-                       "keys_ptr": "*i64", "out_ptr": "*i64", "V": "i32", "S": "i32", "S_BLOCK": "constexpr",
-                       "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr", "C": "constexpr",
-                       "U": "constexpr", "CAND": "constexpr"},
+                       "keys_ptr": "*i64", "out_ptr": "*i64", "V": "i32", "S": "i32", "CAND": "i32",
+                       "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr",
+                       "C": "constexpr", "U": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
-                       "C": COMPACT, "U": next_pow2(s) * cand, "CAND": cand},
+                       "C": COMPACT, "U": next_pow2(s * cand)},
                       {"num_warps": 8}))
     return specs
