@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
-from ._common import LAUNCH, cdiv, next_pow2
+from ._common import LAUNCH, cdiv
 from .targets import TritonTarget
 
 MAX_VOCAB = 1 << 18
@@ -54,12 +54,6 @@ SELECT_PASSES = 13
 #: most top-k survivors a row finishes in one register tile (a power of two; rows with a larger k run
 #: the full selection passes)
 COMPACT = 1024
-#: candidate keys of a filtered row the finish kernel aims to sort in one register tile (a power of
-#: two): each split program keeps its chunk's ``UNION // next_pow2(S)`` largest rank keys, clamped to
-#: [CAND_MIN, CAND_MAX] (and to SPLIT_BLOCK); the tile is ``next_pow2(S * CAND)``
-UNION = 8192
-CAND_MIN = 16
-CAND_MAX = 256
 
 _M0 = tl.constexpr(0xD2511F53)
 _M1 = tl.constexpr(0xCD9E8D57)
@@ -150,8 +144,8 @@ def _cut(total, pnum):
 
 
 @triton.jit
-def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, cand_ptr, V, CHUNK, S,
-                         BLOCK: tl.constexpr, CAND: tl.constexpr):
+def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, V, CHUNK, S,
+                         BLOCK: tl.constexpr):
     row = tl.program_id(0)
     sp = tl.program_id(1)
     tau = tl.load(tau_ptr + row)
@@ -166,9 +160,7 @@ def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_p
     x_row = x_ptr + row.to(tl.int64) * stride_x
     R: tl.constexpr = BLOCK // 4
     jt = tl.arange(0, R)[:, None] * 4 + tl.arange(0, 4)[None, :]
-    collect = filtered & (~greedy)
     best = tl.zeros([R, 4], tl.int64)
-    top = tl.full([CAND], -1, tl.int64)
     start = sp * CHUNK
     end = tl.minimum(start + CHUNK, V)
     for off in range(start, end, BLOCK):
@@ -183,51 +175,7 @@ def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_p
         cls = tl.where(E.is_nan(z), 3, tl.where(E.f32_bits(z) == 0x7F800000, 2, 1)).to(tl.int64)
         packed = (cls << _CLASS_SHIFT) | tl.where(cls == 1, _order(s) << _IDX_BITS, 0) | (_IDX_MASK - j.to(tl.int64))
         best = tl.maximum(best, tl.where(mask, packed, 0))
-        if collect:
-            key = tl.reshape(tl.where(mask, _rank_key(z, j), -1), [BLOCK])
-            if tl.max(key, axis=0) > tl.min(top, axis=0):  # else no key of the tile enters
-                top = _merge_top(top, key, CAND, BLOCK)
     tl.store(part_ptr + row.to(tl.int64) * S + sp, tl.max(tl.max(best, axis=1), axis=0))
-    if collect:
-        tl.store(cand_ptr + (row.to(tl.int64) * S + sp) * CAND + tl.arange(0, CAND), top)
-
-
-@triton.jit
-def _merge_top(top, key, CAND: tl.constexpr, BLOCK: tl.constexpr):
-    """The CAND largest of ``top`` ([CAND]) and ``key`` ([BLOCK], CAND <= BLOCK), sorted descending (the
-    first row of a sorted tile reshaped to [n, CAND] is its elementwise max over the rows)."""
-    t = tl.max(tl.reshape(tl.sort(key, descending=True), [BLOCK // CAND, CAND]), axis=0)
-    both = tl.sort(tl.reshape(tl.join(top, t), [2 * CAND]), descending=True)
-    return tl.max(tl.reshape(both, [2, CAND]), axis=0)
-
-
-@triton.jit
-def _sample_qsum_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, qpart_ptr, V, CHUNK, S,
-                        S_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows with top-p and no top-k: the exact int64 sum of ``q = RNE(exp_c(z - m) * 2**40)`` over chunk s
-    (the top-p total of the row is the sum of its S partials, order-free)."""
-    row = tl.program_id(0)
-    sp = tl.program_id(1)
-    tau = tl.load(tau_ptr + row)
-    k = tl.load(k_ptr + row)
-    p = tl.load(p_ptr + row)
-    if (tau != 0.0) & (p < 1.0) & ((k <= 0) | (k >= V)):
-        si = tl.arange(0, S_BLOCK)
-        v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
-        top_key = v - (tl.full([], 1, tl.int64) << _CLASS_SHIFT)
-        if ((v >> _CLASS_SHIFT) == 1) & ((top_key >> _IDX_BITS) != 0):  # finite rows only (as the finish)
-            x_row = x_ptr + row.to(tl.int64) * stride_x
-            m = tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
-            cols = tl.arange(0, BLOCK)
-            acc = tl.zeros([BLOCK], tl.int64)
-            start = sp * CHUNK
-            end = tl.minimum(start + CHUNK, V)
-            for off in range(start, end, BLOCK):
-                j = off + cols
-                mask = j < end
-                z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
-                acc += tl.where(mask, E.to_fixed_abs(E.exp_c(z - m), 40), 0)  # z <= m: the top z
-            tl.store(qpart_ptr + row.to(tl.int64) * S + sp, tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -346,46 +294,10 @@ def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
     return _IDX_MASK - (best & _IDX_MASK)
 
 
-@triton.jit
-def _union_token(cand_row, S, CAND, k, top_k, top_p, m, total, pnum, seed, pos, S_BLOCK: tl.constexpr,
-                 U: tl.constexpr):
-    """The token of a filtered row from its S split programs' candidates (each program's CAND largest
-    keys, sorted descending, padded with -1; S * CAND <= U), and whether they decide it. Every key left
-    out of the union is below its program's smallest kept key, so below ``floor`` (the largest of
-    those): the union holds every key >= floor. Sorted descending, the first k are the top-k survivors
-    when the k-th is >= floor; the top-p cut is the first key whose inclusive prefix sum of ``q``
-    reaches P (``total`` given for rows without top-k), exact when that key is >= floor; then the
-    Gumbel-max over the kept entries (Philox per entry). Where the union does not decide, the flag is
-    False and the token meaningless: the caller runs the selection passes."""
-    si = tl.arange(0, S_BLOCK)
-    floor = tl.max(tl.load(cand_row + si * CAND + (CAND - 1), mask=si < S, other=-1), axis=0)
-    ci = tl.arange(0, U)
-    keys = tl.sort(tl.load(cand_row + ci, mask=ci < S * CAND, other=-1), descending=True)
-    low = tl.maximum(floor, 0)
-    if top_k:
-        kept = ci < k
-        ok = tl.max(tl.where(ci == k - 1, keys, -1), axis=0) >= low
-    else:
-        kept = keys >= 0
-        ok = floor == floor
-    z = _z_of_key(keys)
-    if top_p:
-        q = tl.where(kept, E.to_fixed_abs(E.exp_c(z - m), 40), 0)
-        if top_k:
-            total = tl.sum(q, axis=0)
-        cum = tl.cumsum(q, axis=0)
-        cut = tl.max(tl.where(kept & (cum >= _cut(total, pnum)), keys, -1), axis=0)
-        ok = ok & (cut >= low)
-        kept = kept & (keys >= cut)
-    j = _IDX_MASK - (keys & _IDX_MASK)
-    best = tl.max(tl.where(kept, _rank_key(z + _gumbel_at(j, seed, pos), j), -1), axis=0)
-    return _IDX_MASK - (best & _IDX_MASK), ok
-
-
 @triton.jit(do_not_specialize=["V"])
-def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, cand_ptr, qpart_ptr,
-                          keys_ptr, out_ptr, V, S, CAND, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                          DIGIT: tl.constexpr, PASSES: tl.constexpr, C: tl.constexpr, U: tl.constexpr):
+def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, keys_ptr, out_ptr,
+                          V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                          PASSES: tl.constexpr, C: tl.constexpr):
     row = tl.program_id(0)
     si = tl.arange(0, S_BLOCK)
     v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
@@ -403,17 +315,7 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
         x_row = x_ptr + row.to(tl.int64) * stride_x
         m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
         pnum = E.to_fixed(p, 0, 24)
-        ok = tl.zeros([], tl.int1)
-        tok_u = tok
-        if (~top_k) | (k <= U):
-            total = tl.zeros([], tl.int64)
-            if top_p & (~top_k):
-                total = tl.sum(tl.load(qpart_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
-            tok_u, ok = _union_token(cand_ptr + row.to(tl.int64) * S * CAND, S, CAND, k, top_k, top_p, m, total,
-                                     pnum, seed, pos, S_BLOCK, U)
-        if ok:
-            tok = tok_u
-        elif top_k & (k <= C):
+        if top_k & (k <= C):
             L, cnt = _top_window(x_row, V, tau, k, C, BLOCK, DIGIT, PASSES)
             keys_row = keys_ptr + row.to(tl.int64) * C
             _store_keys(x_row, V, tau, L, keys_row, BLOCK)
@@ -447,12 +349,6 @@ def _chunking(b: int, v: int) -> tuple[int, int]:
     s = max(1, min(blocks, MAX_SPLITS, cdiv(PROGRAMS, max(b, 1))))
     per = cdiv(blocks, s)
     return cdiv(blocks, per), per * SPLIT_BLOCK
-
-
-def _candidates(s: int) -> int:
-    """Keys each of a row's S split programs keeps for the finish kernel's union tile (a power of two;
-    S * CAND <= the tile)."""
-    return min(CAND_MAX, SPLIT_BLOCK, max(CAND_MIN, UNION // next_pow2(s)))
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -493,44 +389,30 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
     s, chunk = _chunking(b, v)
-    cand = _candidates(s)
-    dev = logits.device
-    part = torch.empty((b, s), dtype=torch.int64, device=dev)
-    cands = torch.empty((b, s, cand), dtype=torch.int64, device=dev)
-    qpart = torch.empty((b, s), dtype=torch.int64, device=dev)
-    keys = torch.empty((b, COMPACT), dtype=torch.int64, device=dev)
-    _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, cands, v, chunk, s, BLOCK=SPLIT_BLOCK, CAND=cand,
-                                 num_warps=4, **LAUNCH)
-    _sample_qsum_kernel[(b, s)](x, x.stride(0), *params[:3], part, qpart, v, chunk, s, S_BLOCK=MAX_SPLITS,
-                                BLOCK=SPLIT_BLOCK, num_warps=4, **LAUNCH)
-    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, cands, qpart, keys, out, v, s, cand,
-                                S_BLOCK=MAX_SPLITS, BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES,
-                                C=COMPACT, U=next_pow2(s * cand), num_warps=8, **LAUNCH)
+    part = torch.empty((b, s), dtype=torch.int64, device=logits.device)
+    keys = torch.empty((b, COMPACT), dtype=torch.int64, device=logits.device)
+    _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
+                                 **LAUNCH)
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, keys, out, v, s, S_BLOCK=MAX_SPLITS,
+                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, C=COMPACT, num_warps=8,
+                                **LAUNCH)
     return out
 
 
 def static_specs(target: TritonTarget):
-    s, chunk = _chunking(64, 151936)  # the Qwen3 vocabulary at B = 64: 128 candidates a split program
-    cand = _candidates(s)
     specs = []
     params = {"tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64",
               "part_ptr": "*i64"}
     for dt in ("fp32", "bf16", "fp16"):
         specs.append(("sample", f"split_{dt}", _sample_split_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "cand_ptr": "*i64", "V": "i32", "CHUNK": "i32",
-                       "S": "i32", "BLOCK": "constexpr", "CAND": "constexpr"},
-                      {"BLOCK": SPLIT_BLOCK, "CAND": cand}, {"num_warps": 4}))
-        specs.append(("sample", f"qsum_{dt}", _sample_qsum_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", "tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32",
-                       "part_ptr": "*i64", "qpart_ptr": "*i64", "V": "i32", "CHUNK": "i32", "S": "i32",
-                       "S_BLOCK": "constexpr", "BLOCK": "constexpr"},
-                      {"S_BLOCK": MAX_SPLITS, "BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "V": "i32", "CHUNK": "i32", "S": "i32",
+                       "BLOCK": "constexpr"},
+                      {"BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
         specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "cand_ptr": "*i64", "qpart_ptr": "*i64",
-                       "keys_ptr": "*i64", "out_ptr": "*i64", "V": "i32", "S": "i32", "CAND": "i32",
-                       "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr",
-                       "C": "constexpr", "U": "constexpr"},
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "keys_ptr": "*i64", "out_ptr": "*i64",
+                       "V": "i32", "S": "i32", "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr",
+                       "PASSES": "constexpr", "C": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
-                       "C": COMPACT, "U": next_pow2(s * cand)},
+                       "C": COMPACT},
                       {"num_warps": 8}))
     return specs
