@@ -1,6 +1,6 @@
 """``sample`` on Triton (contract ``sample`` v1): fused Philox Gumbel-max with exact top-k / top-p.
 
-Two launches, no host reads of device values (CUDA-graph capturable):
+Four launches and a memset, no host reads of device values (CUDA-graph capturable):
 
 - ``_sample_split_kernel``, grid (B, S): program (b, s) takes chunk s of row b's vocabulary
   (S from the shape only, so that B x S fills the GPU: B = 1 runs ~150 programs). Per token it
@@ -12,20 +12,26 @@ Two launches, no host reads of device values (CUDA-graph capturable):
   tokens on a [BLOCK/4, 4] tile, ``g = -log_c(-log_c(u))``) or ``z`` (filtered rows: the pass
   gives the top-ranked token, the max and the special cases). Each program writes its winner
   to a [B, S] buffer (no atomics, no memset).
+- ``_sample_hist_kernel`` and ``_sample_gather_kernel``, grid (B, S), for the finite sampled rows
+  with top-k ``k <= COMPACT`` or top-p alone (the others' programs return after three loads): a
+  histogram of ``d = fl(m - z)`` (bins monotone in z, 32 a binade of d; int32 atomics, order-free)
+  picks the leading bins holding at most COMPACT keys, and the gather stores exactly those keys, the
+  row's n largest, in any order. For top-p alone the hist kernel also writes each chunk's exact int64
+  sum of ``q`` (the row's total is their sum).
 - ``_sample_finish_kernel``, grid (B,): the max of the row's S partials is the token of greedy,
-  plain and special rows. A filtered row (0 < k < V or p < 1, finite max) is finished in this
-  one program: rank keys are the unique 50-bit ``(order(z) << 18) | (2**18 - 1 - j)``; the top-k
-  threshold (the k-th largest key) and the top-p threshold (the largest key c with
-  ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
-  found 4 bits per pass from exact integer counts / int64 sums (order-free), then one pass
-  draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token). A row with
-  top-k and ``k <= COMPACT`` instead runs the count passes only until at most COMPACT live keys
-  lie at or above the window start L (at the latest after the last pass, when exactly k do),
-  stores those keys (one more pass, positions from an in-tile prefix count), and finishes in one
-  register tile: sorted descending, the first k are the top-k survivors, the top-p cut is the
-  first key whose inclusive prefix sum of ``q`` reaches P, and the Gumbel-max runs over the kept
-  entries with Philox per entry. The same keys, sums and noise as the full passes, so the same
-  token; no pass over the vocabulary after the store.
+  plain and special rows. A filtered row (0 < k < V or p < 1, finite max) has unique 50-bit rank
+  keys ``(order(z) << 18) | (2**18 - 1 - j)``. It finishes in one register tile when the gathered
+  keys hold its kept set: a top-k row with ``k <= n``, a top-p-alone row whose n keys' q sum reaches
+  P (every key past them then has a q prefix >= P). The tile: keys sorted descending, the first k
+  are the top-k survivors, the top-p cut is the first key whose inclusive prefix sum of ``q``
+  (``q_j = RNE(exp_c(z_j - m) * 2**40)``) reaches P, Gumbel-max over the kept entries with Philox
+  per entry. A top-k row with ``n < k <= COMPACT`` runs count passes (4 bits a pass, exact integer
+  counts) until at most COMPACT keys lie at or above the window start, stores them and finishes in
+  the same tile. Any other filtered row finds the top-k threshold (the k-th largest key) and the
+  top-p threshold (the largest key c with ``sum q_j over survivors with key_j >= c >= P``) 4 bits a
+  pass from exact counts / int64 sums (order-free), then draws the Gumbel-max over the kept keys
+  in one more pass (Philox only in tiles holding a kept token). The same keys, sums and noise on
+  every path, so the same token.
 """
 
 from __future__ import annotations
