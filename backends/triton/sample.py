@@ -521,10 +521,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
     s, chunk = _chunking(b, v)
     dev = logits.device
-    part = torch.empty((b, s), dtype=torch.int64, device=dev)
-    hist = torch.zeros((b, HIST_BINS + 1), dtype=torch.int32, device=dev)  # bin counts, then the gathered count
-    qpart = torch.empty((b, s), dtype=torch.int64, device=dev)
-    keys = torch.empty((b, COMPACT), dtype=torch.int64, device=dev)
+    # one allocation for the split winners, the chunk q sums and the gathered keys (host time: B 1 eager
+    # is host-bound); the histogram (bin counts, then the gathered count) must start at zero
+    ints = torch.empty(b * (2 * s + COMPACT), dtype=torch.int64, device=dev)
+    part, qpart, keys = ints[:b * s].view(b, s), ints[b * s:2 * b * s].view(b, s), ints[2 * b * s:].view(b, COMPACT)
+    hist = torch.zeros((b, HIST_BINS + 1), dtype=torch.int32, device=dev)
     rows = (x, x.stride(0), *params[:3])
     _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
                                  **LAUNCH)
