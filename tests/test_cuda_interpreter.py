@@ -151,9 +151,10 @@ def _xor_sum_in_numpy() -> None:
     from triton.runtime import interpreter as ti
 
     xor_combine = getattr(tl.standard, "_xor_combine", None)
-    original = ti.ReduceOps.apply_impl
-    if xor_combine is None or getattr(original, "xor_in_numpy", False):
+    reduce_ops = getattr(ti, "ReduceOps", None)  # a Triton without these keeps its own reduction
+    if xor_combine is None or reduce_ops is None or getattr(reduce_ops.apply_impl, "xor_in_numpy", False):
         return
+    original = reduce_ops.apply_impl
 
     def apply_impl(self: Any, input: Any) -> Any:
         if self.combine_fn is xor_combine:
@@ -163,7 +164,7 @@ def _xor_sum_in_numpy() -> None:
         return original(self, input)
 
     apply_impl.xor_in_numpy = True  # type: ignore[attr-defined]
-    ti.ReduceOps.apply_impl = apply_impl
+    reduce_ops.apply_impl = apply_impl
 
 
 def force_cuda_backend_on_cpu() -> None:
