@@ -143,9 +143,8 @@ def _limit(op: str) -> int:
 def _xor_sum_in_numpy() -> None:
     """Make the interpreter's ``xor_sum`` one numpy reduction. The interpreter runs a reduction with a
     combine function one element at a time in Python, and ``tl.sort`` swaps its keys with ``xor_sum``:
-    a 2048-key sort took ~14 s (a ``sample`` register tile, docs/bench/issue12-session23.md).
-    ``np.bitwise_xor.reduce`` gives the same bits; every other reduction keeps the interpreter's own
-    code."""
+    a 2048-key sort took ~14 s (``sample``'s register tile). ``np.bitwise_xor.reduce`` gives the same
+    bits; every other reduction keeps the interpreter's own code."""
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter as ti

@@ -1,6 +1,6 @@
 """``sample`` on Triton (contract ``sample`` v1): fused Philox Gumbel-max with exact top-k / top-p.
 
-Two launches, no host reads of device values (CUDA-graph capturable):
+Four launches and a memset, no host reads of device values (CUDA-graph capturable):
 
 - ``_sample_split_kernel``, grid (B, S): program (b, s) takes chunk s of row b's vocabulary
   (S from the shape only, so that B x S fills the GPU: B = 1 runs ~150 programs). Per token it
@@ -12,20 +12,26 @@ Two launches, no host reads of device values (CUDA-graph capturable):
   tokens on a [BLOCK/4, 4] tile, ``g = -log_c(-log_c(u))``) or ``z`` (filtered rows: the pass
   gives the top-ranked token, the max and the special cases). Each program writes its winner
   to a [B, S] buffer (no atomics, no memset).
+- ``_sample_hist_kernel`` and ``_sample_gather_kernel``, grid (B, S), for the finite sampled rows
+  with top-k ``k <= COMPACT`` or top-p alone (the others' programs return after three loads): a
+  histogram of ``d = fl(m - z)`` (bins monotone in z, 32 a binade of d; int32 atomics, order-free)
+  picks the leading bins holding at most COMPACT keys, and the gather stores exactly those keys, the
+  row's n largest, in any order. For top-p alone the hist kernel also writes each chunk's exact int64
+  sum of ``q`` (the row's total is their sum).
 - ``_sample_finish_kernel``, grid (B,): the max of the row's S partials is the token of greedy,
-  plain and special rows. A filtered row (0 < k < V or p < 1, finite max) is finished in this
-  one program: rank keys are the unique 50-bit ``(order(z) << 18) | (2**18 - 1 - j)``; the top-k
-  threshold (the k-th largest key) and the top-p threshold (the largest key c with
-  ``sum q_j over survivors with key_j >= c >= P``, ``q_j = RNE(exp_c(z_j - m) * 2**40)``) are
-  found 4 bits per pass from exact integer counts / int64 sums (order-free), then one pass
-  draws the Gumbel-max over the kept keys (Philox only in tiles holding a kept token). A row with
-  top-k and ``k <= COMPACT`` instead runs the count passes only until at most COMPACT live keys
-  lie at or above the window start L (at the latest after the last pass, when exactly k do),
-  stores those keys (one more pass, positions from an in-tile prefix count), and finishes in one
-  register tile: sorted descending, the first k are the top-k survivors, the top-p cut is the
-  first key whose inclusive prefix sum of ``q`` reaches P, and the Gumbel-max runs over the kept
-  entries with Philox per entry. The same keys, sums and noise as the full passes, so the same
-  token; no pass over the vocabulary after the store.
+  plain and special rows. A filtered row (0 < k < V or p < 1, finite max) has unique 50-bit rank
+  keys ``(order(z) << 18) | (2**18 - 1 - j)``. It finishes in one register tile when the gathered
+  keys hold its kept set: a top-k row with ``k <= n``, a top-p-alone row whose n keys' q sum reaches
+  P (every key past them then has a q prefix >= P). The tile: keys sorted descending, the first k
+  are the top-k survivors, the top-p cut is the first key whose inclusive prefix sum of ``q``
+  (``q_j = RNE(exp_c(z_j - m) * 2**40)``) reaches P, Gumbel-max over the kept entries with Philox
+  per entry. A top-k row with ``n < k <= COMPACT`` runs count passes (4 bits a pass, exact integer
+  counts) until at most COMPACT keys lie at or above the window start, stores them and finishes in
+  the same tile. Any other filtered row finds the top-k threshold (the k-th largest key) and the
+  top-p threshold (the largest key c with ``sum q_j over survivors with key_j >= c >= P``) 4 bits a
+  pass from exact counts / int64 sums (order-free), then draws the Gumbel-max over the kept keys
+  in one more pass (Philox only in tiles holding a kept token). The same keys, sums and noise on
+  every path, so the same token.
 """
 
 from __future__ import annotations
@@ -51,9 +57,15 @@ FILTER_BLOCK = 512
 #: digit bits per selection pass, and the passes that cover the 50-bit rank key
 DIGIT_BITS = 4
 SELECT_PASSES = 13
-#: most top-k survivors a row finishes in one register tile (a power of two; rows with a larger k run
-#: the full selection passes)
-COMPACT = 1024
+#: most keys a filtered row finishes in one register tile (a power of two): top-k rows with a larger k
+#: and rows whose gathered keys do not hold their top-k / top-p set run the selection passes
+COMPACT = 2048
+#: bins of the gather histogram (the last one, far from the row max, is never gathered) and their
+#: edges: bin = (fp32 bits of d - bits of 2**-6) >> HIST_SHIFT, d = m - z, clamped to [0, NB - 1],
+#: so 2**(23 - HIST_SHIFT) bins a binade of d (32: ~2 % of d wide), bin 0 = d < 2**-6
+HIST_BINS = 512
+HIST_SHIFT = 18
+_HIST_BASE = tl.constexpr(121 << 23)  # fp32 bits of 2**-6
 
 _M0 = tl.constexpr(0xD2511F53)
 _M1 = tl.constexpr(0xCD9E8D57)
@@ -275,32 +287,141 @@ def _store_keys(x_row, V, tau, L, keys_row, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C: tl.constexpr):
-    """The token of a top-k row from its ``cnt`` (k <= cnt <= C) stored keys: sorted descending, the
-    first k survive top-k; with top-p the kept ones end at the first whose inclusive prefix sum of
-    ``q`` reaches P (the first is always kept); Gumbel-max over the kept."""
+def _finish_tile(keys_row, cnt, k, m, top_p, total, pnum, seed, pos, C: tl.constexpr):
+    """The token of a filtered row from its ``cnt`` (k <= cnt <= C) stored keys, the row's largest:
+    sorted descending, the first k survive (top-k, or k = cnt); with top-p the kept ones end at the
+    first whose inclusive prefix sum of ``q`` reaches P, cut from ``total`` (< 0: the sum over the k);
+    Gumbel-max over the kept. Returns the token, or -1 when the k keys' q sum stays under P (then the
+    row's top-p set reaches past the stored keys)."""
     ci = tl.arange(0, C)
-    # .cg: read from L2, where this program's stores went (made visible to the program by the barrier)
+    # .cg: read from L2, where the stores went (this program's, made visible to it by the barrier, or
+    # the gather kernel's)
     keys = tl.sort(tl.load(keys_row + ci, mask=ci < cnt, other=-1, cache_modifier=".cg"), descending=True)
     kept = ci < k
     z = _z_of_key(keys)
+    ok = cnt >= 0
     if top_p:
         q = tl.where(kept, E.to_fixed_abs(E.exp_c(z - m), 40), 0)
         cum = tl.cumsum(q, axis=0)
-        p_cut = _cut(tl.sum(q, axis=0), pnum)
+        s = tl.sum(q, axis=0)
+        p_cut = _cut(tl.where(total < 0, s, total), pnum)
+        ok = s >= p_cut
         kept = kept & (keys >= tl.max(tl.where(kept & (cum >= p_cut), keys, -1), axis=0))
     j = _IDX_MASK - (keys & _IDX_MASK)
     best = tl.max(tl.where(kept, _rank_key(z + _gumbel_at(j, seed, pos), j), -1), axis=0)
-    return _IDX_MASK - (best & _IDX_MASK)
+    return tl.where(ok, _IDX_MASK - (best & _IDX_MASK), -1)
+
+
+@triton.jit
+def _row_max(part_row, S, S_BLOCK: tl.constexpr):
+    """The largest packed partial of a row (the split kernel's winners): its token is the row's answer
+    for greedy, plain and special rows, and the top-ranked token of a filtered one."""
+    si = tl.arange(0, S_BLOCK)
+    return tl.max(tl.load(part_row + si, mask=si < S, other=0), axis=0)
+
+
+@triton.jit
+def _finite(v):
+    """Whether the row of packed maximum ``v`` has no NaN, no +inf and a z above -inf."""
+    return ((v >> _CLASS_SHIFT) == 1) & (((v - (tl.full([], 1, tl.int64) << _CLASS_SHIFT)) >> _IDX_BITS) != 0)
+
+
+@triton.jit
+def _gathers(tau, k, p, V, C: tl.constexpr):
+    """The rows the gather kernels serve: sampled (tau != 0) with a top-k k <= C, or top-p alone."""
+    top_k = (k > 0) & (k < V)
+    return (tau != 0.0) & ((top_k & (k <= C)) | ((~top_k) & (p < 1.0)))
+
+
+@triton.jit
+def _bin_of(z, m, mask, NB: tl.constexpr, SHIFT: tl.constexpr):
+    """Gather-histogram bin of the tokens ``z <= m`` (masked lanes: the last bin, never gathered). With
+    ``d = fl(m - z)`` (monotone in z) the bin is the clamped ``(bits(d) - bits(2**-6)) >> SHIFT``: it
+    never falls as z falls and equal z share a bin, so the keys of the first bins are the row's largest."""
+    d = (m - z).to(tl.int32, bitcast=True) & 0x7FFFFFFF  # d >= 0; -0 (m = -0, z = +0) reads as 0
+    b = tl.minimum(tl.maximum((d - _HIST_BASE) >> SHIFT, 0), NB - 1)
+    return tl.where(mask, b, NB - 1)
+
+
+@triton.jit
+def _sample_hist_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist_ptr, qpart_ptr, V, CHUNK, S,
+                        S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, SHIFT: tl.constexpr,
+                        C: tl.constexpr):
+    """Program (b, s): chunk s of row b (a row the gather serves, finite) adds its tokens' bin counts to
+    the row's histogram (int32 atomics, order-free; the last bin is not counted) and, for top-p without
+    top-k, writes the chunk's exact int64 sum of ``q`` to ``qpart[b, s]``. Other rows return at once."""
+    row = tl.program_id(0)
+    sp = tl.program_id(1)
+    tau = tl.load(tau_ptr + row)
+    k = tl.load(k_ptr + row)
+    if _gathers(tau, k, tl.load(p_ptr + row), V, C):
+        v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
+        if _finite(v):
+            x_row = x_ptr + row.to(tl.int64) * stride_x
+            m = tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
+            need_q = (k <= 0) | (k >= V)
+            cols = tl.arange(0, BLOCK)
+            h = tl.zeros([NB], tl.int32)
+            qs = tl.zeros([], tl.int64)
+            start = sp * CHUNK
+            end = tl.minimum(start + CHUNK, V)
+            for off in range(start, end, BLOCK):
+                j = off + cols
+                mask = j < end
+                z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+                h += tl.histogram(_bin_of(z, m, mask, NB, SHIFT), NB)
+                if need_q:
+                    qs += tl.sum(tl.where(mask, E.to_fixed_abs(E.exp_c(z - m), 40), 0), axis=0)
+            bins = tl.arange(0, NB)
+            tl.atomic_add(hist_ptr + row.to(tl.int64) * (NB + 1) + bins, h, mask=(h != 0) & (bins < NB - 1),
+                          sem="relaxed")
+            if need_q:
+                tl.store(qpart_ptr + row.to(tl.int64) * S + sp, qs)
+
+
+@triton.jit
+def _sample_gather_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist_ptr, keys_ptr, V, CHUNK, S,
+                          S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, SHIFT: tl.constexpr,
+                          C: tl.constexpr):
+    """Program (b, s): from row b's histogram, the most leading bins whose count is <= C; the chunk's
+    keys in them go to ``keys[b]`` at positions taken with one int32 atomic a tile (the order of the
+    stores is free: the finish sorts). The row's count of stored keys ends in ``hist[b, NB]``."""
+    row = tl.program_id(0)
+    sp = tl.program_id(1)
+    tau = tl.load(tau_ptr + row)
+    if _gathers(tau, tl.load(k_ptr + row), tl.load(p_ptr + row), V, C):
+        v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
+        if _finite(v):
+            h_row = hist_ptr + row.to(tl.int64) * (NB + 1)
+            bins = tl.arange(0, NB)
+            cum = tl.cumsum(tl.load(h_row + bins), axis=0)
+            nb = tl.sum(((cum <= C) & (bins < NB - 1)).to(tl.int32), axis=0)
+            if nb > 0:
+                x_row = x_ptr + row.to(tl.int64) * stride_x
+                m = tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
+                keys_row = keys_ptr + row.to(tl.int64) * C
+                cols = tl.arange(0, BLOCK)
+                start = sp * CHUNK
+                end = tl.minimum(start + CHUNK, V)
+                for off in range(start, end, BLOCK):
+                    j = off + cols
+                    mask = j < end
+                    z = tl.math.div_rn(E.upcast(tl.load(x_row + j, mask=mask, other=0.0)), tau)
+                    keep = (_bin_of(z, m, mask, NB, SHIFT) < nb).to(tl.int32)
+                    c = tl.sum(keep, axis=0)
+                    if c != 0:
+                        at = tl.atomic_add(h_row + NB, c, sem="relaxed")
+                        at_j = at + tl.cumsum(keep, axis=0) - 1
+                        tl.store(keys_row + at_j, _rank_key(z, j), mask=(keep != 0) & (at_j < C))
 
 
 @triton.jit(do_not_specialize=["V"])
-def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, keys_ptr, out_ptr,
-                          V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                          PASSES: tl.constexpr, C: tl.constexpr):
+def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, hist_ptr, qpart_ptr,
+                          keys_ptr, out_ptr, V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                          PASSES: tl.constexpr, NB: tl.constexpr, C: tl.constexpr):
     row = tl.program_id(0)
     si = tl.arange(0, S_BLOCK)
-    v = tl.max(tl.load(part_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
+    v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
     tok = _IDX_MASK - (v & _IDX_MASK)
     tau = tl.load(tau_ptr + row)
     k = tl.load(k_ptr + row)
@@ -308,20 +429,30 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
     top_k = (k > 0) & (k < V)
     top_p = p < 1.0
     top_key = v - (tl.full([], 1, tl.int64) << _CLASS_SHIFT)  # class 1: the rank key of the top z
-    finite = ((v >> _CLASS_SHIFT) == 1) & ((top_key >> _IDX_BITS) != 0)
-    if (tau != 0.0) & (top_k | top_p) & finite:
+    if (tau != 0.0) & (top_k | top_p) & _finite(v):
         seed = tl.load(seed_ptr + row)
         pos = tl.load(pos_ptr + row)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
         pnum = E.to_fixed(p, 0, 24)
-        if top_k & (k <= C):
-            L, cnt = _top_window(x_row, V, tau, k, C, BLOCK, DIGIT, PASSES)
-            keys_row = keys_ptr + row.to(tl.int64) * C
+        keys_row = keys_ptr + row.to(tl.int64) * C
+        # the gather kernels' keys: the row's n largest (0 where they did not run or gathered none)
+        n = tl.minimum(tl.load(hist_ptr + row.to(tl.int64) * (NB + 1) + NB), C).to(tl.int64)
+        tile = (top_k & (k <= n)) | ((~top_k) & (n > 0))
+        if (~tile) & top_k & (k <= C):  # the k-th key from count passes, then the keys >= the window start
+            L, n = _top_window(x_row, V, tau, k, C, BLOCK, DIGIT, PASSES)
             _store_keys(x_row, V, tau, L, keys_row, BLOCK)
             tl.debug_barrier()
-            tok = _finish_tile(keys_row, cnt, k, m, top_p, pnum, seed, pos, C)
-        else:
+            tile = n >= 0
+        ok = n < 0
+        if tile:
+            total = tl.zeros([], tl.int64) - 1  # top-k: P is cut from the k survivors' sum
+            if ~top_k:  # top-p alone: from the row's, the exact sum of the hist kernel's chunk sums
+                total = tl.sum(tl.load(qpart_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
+            t = _finish_tile(keys_row, n, tl.where(top_k, k, n), m, top_p, total, pnum, seed, pos, C)
+            ok = t >= 0
+            tok = tl.where(ok, t, tok)
+        if ~ok:  # top-k beyond C, or a top-p set reaching past the gathered keys: the selection passes
             lo = tl.zeros([], tl.int64)
             if top_k:
                 lo = _select(x_row, V, tau, m, lo, k, 0, False, BLOCK, DIGIT, PASSES)
@@ -389,13 +520,22 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
     s, chunk = _chunking(b, v)
-    part = torch.empty((b, s), dtype=torch.int64, device=logits.device)
-    keys = torch.empty((b, COMPACT), dtype=torch.int64, device=logits.device)
+    dev = logits.device
+    # one allocation for the split winners, the chunk q sums and the gathered keys (host time: B 1 eager
+    # is host-bound); the histogram (bin counts, then the gathered count) must start at zero
+    ints = torch.empty(b * (2 * s + COMPACT), dtype=torch.int64, device=dev)
+    part, qpart, keys = ints[:b * s].view(b, s), ints[b * s:2 * b * s].view(b, s), ints[2 * b * s:].view(b, COMPACT)
+    hist = torch.zeros((b, HIST_BINS + 1), dtype=torch.int32, device=dev)
+    rows = (x, x.stride(0), *params[:3])
     _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
                                  **LAUNCH)
-    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, keys, out, v, s, S_BLOCK=MAX_SPLITS,
-                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, C=COMPACT, num_warps=8,
-                                **LAUNCH)
+    gather = dict(S_BLOCK=MAX_SPLITS, BLOCK=SPLIT_BLOCK, NB=HIST_BINS, SHIFT=HIST_SHIFT, C=COMPACT, num_warps=4,
+                  **LAUNCH)
+    _sample_hist_kernel[(b, s)](*rows, part, hist, qpart, v, chunk, s, **gather)
+    _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
+    _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, hist, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
+                                BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, NB=HIST_BINS, C=COMPACT,
+                                num_warps=8, **LAUNCH)
     return out
 
 
@@ -408,11 +548,20 @@ def static_specs(target: TritonTarget):
                       {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "V": "i32", "CHUNK": "i32", "S": "i32",
                        "BLOCK": "constexpr"},
                       {"BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
+        gather = {"S_BLOCK": MAX_SPLITS, "BLOCK": SPLIT_BLOCK, "NB": HIST_BINS, "SHIFT": HIST_SHIFT, "C": COMPACT}
+        rows = {"x_ptr": f"*{dt}", "stride_x": "i64", "tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32",
+                "part_ptr": "*i64", "hist_ptr": "*i32"}
+        tail = {"V": "i32", "CHUNK": "i32", "S": "i32", **{name: "constexpr" for name in gather}}
+        specs.append(("sample", f"hist_{dt}", _sample_hist_kernel, {**rows, "qpart_ptr": "*i64", **tail}, gather,
+                      {"num_warps": 4}))
+        specs.append(("sample", f"gather_{dt}", _sample_gather_kernel, {**rows, "keys_ptr": "*i64", **tail}, gather,
+                      {"num_warps": 4}))
         specs.append(("sample", f"finish_{dt}", _sample_finish_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "keys_ptr": "*i64", "out_ptr": "*i64",
-                       "V": "i32", "S": "i32", "S_BLOCK": "constexpr", "BLOCK": "constexpr", "DIGIT": "constexpr",
-                       "PASSES": "constexpr", "C": "constexpr"},
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "hist_ptr": "*i32", "qpart_ptr": "*i64",
+                       "keys_ptr": "*i64", "out_ptr": "*i64", "V": "i32", "S": "i32", "S_BLOCK": "constexpr",
+                       "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr", "NB": "constexpr",
+                       "C": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
-                       "C": COMPACT},
+                       "NB": HIST_BINS, "C": COMPACT},
                       {"num_warps": 8}))
     return specs
