@@ -70,14 +70,31 @@ def test_rejects_bad_inputs():
             sample(**{**a, "temperature": bad})
     with pytest.raises(ValueError, match="temperature = 1e-50 rounds to 0 in fp32"):
         sample(**{**a, "temperature": 1e-50})
-    with pytest.raises(ValueError, match=r"top_k\[0\] = -1"):
+    with pytest.raises(ValueError, match=r"top_k = -1; expected an integer >= 0"):
         sample(**{**a, "top_k": -1})
-    with pytest.raises(ValueError, match=r"top_p\[0\] = nan"):
+    with pytest.raises(ValueError, match=r"top_p = nan; expected a value >= 0"):
         sample(**{**a, "top_p": float("nan")})
     with pytest.raises(ValueError, match=r"position\[1\] = -3; expected a token position >= 0"):
         sample(**{**a, "position": torch.tensor([0, -3, 1, 2])})
     with pytest.raises(ValueError, match="seed is on meta but logits is on cpu"):
         sample(**{**a, "seed": a["seed"].to("meta")})
+
+
+def test_tensor_parameter_checks_need_every_value_valid():
+    """The tensor parameters are checked with one minimum: each bad value is found, each edge of
+    the valid range passes (-0.0 and 0 temperature, +inf top_p, top_k 0, position 0)."""
+    a = inputs()
+    ok = {"temperature": torch.tensor([0.0, -0.0, 1e-30, 3.0]), "top_k": torch.tensor([0, 1, 2**40, 5]),
+          "top_p": torch.tensor([0.0, 1.0, float("inf"), 0.5]), "position": torch.tensor([0, 1, 2**40, 3])}
+    sample(**{**a, **ok})
+    bad = {"temperature": (float("inf"), float("-inf"), float("nan"), -1e-30), "top_k": (-1, -(2**62)),
+           "top_p": (float("nan"), -0.5, float("-inf")), "position": (-1, -(2**62))}
+    for name, values in bad.items():
+        for value in values:
+            t = ok[name].clone()
+            t[3] = value
+            with pytest.raises(ValueError, match=rf"sample: {name}\[3\] = .*; expected"):
+                sample(**{**a, **ok, name: t})
 
 
 # --- bits: generic == reference ----------------------------------------------------------------

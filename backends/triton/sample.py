@@ -507,7 +507,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     Contract ``sample`` v1, steps 1-8: the argmax is an integer max of packed (class, monotone
     score key, inverted index), so ties go to the lowest index and NaN / +inf rows take their
     first such index; the top-k and top-p thresholds come from exact integer counts and int64
-    sums of ``q``, independent of the order in which tokens are visited. Two launches, no host
+    sums of ``q``, independent of the order in which tokens are visited. Four launches, no host
     synchronisation (capturable in a CUDA graph).
     """
     b, v = logits.shape

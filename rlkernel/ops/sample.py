@@ -37,10 +37,43 @@ def _per_row(op: str, name: str, value: object, b: int, device: torch.device, dt
     return torch.full((b,), number, dtype=dtype, device=device)
 
 
-def _check_values(op: str, name: str, bad: torch.Tensor, t: torch.Tensor, expected: str) -> None:
-    if t.numel() and bool(bad.any()):
-        first = int(bad.nonzero()[0])
-        raise ValueError(f"{op}: {name}[{first}] = {t[first].item()!r}; expected {expected}")
+#: per parameter: the condition a valid value meets, as the text of the error
+_EXPECTED = {"temperature": "a finite value >= 0 (0 = greedy)", "top_k": "an integer >= 0 (0 = off)",
+             "top_p": "a value >= 0 (>= 1 = off)", "position": "a token position >= 0"}
+
+
+def _bad(name: str, t: torch.Tensor) -> torch.Tensor:
+    """Where ``t`` (a [B] parameter) breaks ``_EXPECTED[name]``."""
+    if name == "temperature":
+        return ~(torch.isfinite(t) & (t >= 0))
+    return ~(t >= 0)  # NaN fails (top_p)
+
+
+def _check_scalar(op: str, name: str, value: object) -> None:
+    """A Python scalar parameter checked on the host (no device work)."""
+    number = float(value)  # type: ignore[arg-type]
+    if not (number >= 0) or (name == "temperature" and number == float("inf")):
+        raise ValueError(f"{op}: {name} = {value!r}; expected {_EXPECTED[name]}")
+
+
+def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    """The value checks of the tensor parameters with one host synchronisation.
+
+    Every valid value is >= 0 and a temperature is also finite (``t - t`` is then 0, NaN for
+    +-inf and NaN), so the smallest of the values and of ``t - t`` is >= 0 exactly when all are
+    valid (a NaN minimum fails; int64 values keep their sign as fp32). The messages come from
+    the per-parameter checks, run only when something is wrong.
+    """
+    parts = [t.float() for t in tensors.values()]
+    if "temperature" in tensors:
+        parts.append(tensors["temperature"] - tensors["temperature"])
+    if float(torch.cat(parts).min()) >= 0:
+        return
+    for name, t in tensors.items():
+        bad = _bad(name, t)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0])
+            raise ValueError(f"{op}: {name}[{first}] = {t[first].item()!r}; expected {_EXPECTED[name]}")
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch.Tensor | int,
@@ -111,16 +144,16 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     temp_t = _per_row(op, "temperature", temperature, b, device, torch.float32, "float")
     k_t = _per_row(op, "top_k", top_k, b, device, torch.int64, "int")
     p_t = _per_row(op, "top_p", top_p, b, device, torch.float32, "float")
-    checks = [("temperature", ~(torch.isfinite(temp_t) & (temp_t >= 0)), temp_t, "a finite value >= 0 (0 = greedy)"),
-              ("top_k", k_t < 0, k_t, "an integer >= 0 (0 = off)"),
-              ("top_p", ~(p_t >= 0), p_t, "a value >= 0 (>= 1 = off)"),
-              ("position", pos_t < 0, pos_t, "a token position >= 0")]
-    # one host synchronisation for the four value checks (a decode step pays each one); the
-    # messages come from the per-parameter checks, run only when something is wrong. A CUDA-graph
-    # capture cannot read them: the capturing caller vouches for the values (rlkernel.rollout)
-    if b and not v.capturing(device) and bool(torch.stack([bad.any() for _, bad, _, _ in checks]).any()):
-        for name, bad, t, expected in checks:
-            _check_values(op, name, bad, t, expected)
+    # Python scalars are checked on the host; the tensors' values with one host synchronisation (a
+    # decode step pays it). A CUDA-graph capture cannot read them: the capturing caller vouches for
+    # the values (rlkernel.rollout)
+    given = {"temperature": (temperature, temp_t), "top_k": (top_k, k_t), "top_p": (top_p, p_t),
+             "position": (position, pos_t)}
+    for name, (value, _) in given.items():
+        if not isinstance(value, torch.Tensor):
+            _check_scalar(op, name, value)
+    if b and not v.capturing(device):
+        _check_tensors(op, {name: t for name, (value, t) in given.items() if isinstance(value, torch.Tensor)})
     with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
         return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
                              seed=seed_t, position=pos_t)
