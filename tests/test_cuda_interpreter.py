@@ -451,22 +451,20 @@ def run_sample_split_checks() -> list[dict[str, Any]]:
 def run_split_checks() -> list[dict[str, Any]]:
     """softmax / log_softmax golden cases with split rows of few programs: 32-column tiles and
     three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
-    the same split path with one tile per program); log_softmax's rows in groups of at most 256
-    bytes (one or a few rows a group: the group loop and the reused partial buffers); plus
-    embedding's in-kernel id check and all_reduce's overflow count."""
+    the same split path with one tile per program); plus embedding's in-kernel id check and
+    all_reduce's overflow count."""
     from rlkernel.backends.triton import softmax
 
-    saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS, softmax.GROUP_BYTES)
+    saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS)
     records = []
     try:
         softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = 32, 3
-        for name, group_bytes in (("softmax", 0), ("log_softmax", 256)):
-            softmax.GROUP_BYTES = group_bytes
+        for name in ("softmax", "log_softmax"):
             for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
                 rec["case"] = f"{name}/{rec['case']}"
                 records.append(rec)
     finally:
-        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS, softmax.GROUP_BYTES = saved
+        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
     records.append(_embedding_bad_id_check())
     records.append(_all_reduce_overflow_check())
     return records

@@ -44,11 +44,6 @@ SPLIT_PROGRAMS = 1024
 PROGRAM_TILES = 2048
 #: partials (keys / sums / flags of a row) are reduced this many at a time
 PART_BLOCK = 128
-#: split rows: at most this many bytes of x per row group (0 = all rows in one group). Each group runs
-#: its three passes back to back, so that the second and third read the group's x from L2 (50 MB on
-#: an H100 / H200) instead of HBM; each group is three more launches. Rows are independent and the
-#: reductions exact, so the grouping cannot move a bit
-GROUP_BYTES = 0
 #: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
 NAN_KEY = 0x7FFFFFFF
 
@@ -207,20 +202,17 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
                                      BLOCK=block, num_warps=warps_for(block), **LAUNCH)
         return out
-    group = rows if GROUP_BYTES <= 0 else min(rows, max(1, GROUP_BYTES // (n * x2.element_size())))
-    tile, chunk, parts = split_plan(group, n)
-    keys = torch.empty((group, parts), dtype=torch.int32, device=x.device)
-    sums = torch.empty((group, parts), dtype=torch.int64, device=x.device)
-    flags = torch.empty((group, parts), dtype=torch.int32, device=x.device)
+    tile, chunk, parts = split_plan(rows, n)
+    grid = (rows, parts)
+    keys = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
+    sums = torch.empty((rows, parts), dtype=torch.int64, device=x.device)
+    flags = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
     warps = SPLIT_WARPS if tile == SPLIT_TILE else 1
-    for r0 in range(0, rows, group):  # the partial buffers are reused: stream order keeps groups apart
-        xg, yg = x2[r0:r0 + group], y2[r0:r0 + group]
-        grid = (xg.shape[0], parts)
-        _split_max_kernel[grid](xg, keys, n, xg.stride(0), chunk, parts, TILE=tile, num_warps=warps, **LAUNCH)
-        _split_sum_kernel[grid](xg, keys, sums, flags, n, xg.stride(0), chunk, parts, TILE=tile, PART=PART_BLOCK,
-                                num_warps=warps, **LAUNCH)
-        _split_out_kernel[grid](xg, yg, keys, sums, flags, n, xg.stride(0), yg.stride(0), chunk, parts, LOG=log,
-                                OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK, num_warps=warps, **LAUNCH)
+    _split_max_kernel[grid](x2, keys, n, x2.stride(0), chunk, parts, TILE=tile, num_warps=warps, **LAUNCH)
+    _split_sum_kernel[grid](x2, keys, sums, flags, n, x2.stride(0), chunk, parts, TILE=tile, PART=PART_BLOCK,
+                            num_warps=warps, **LAUNCH)
+    _split_out_kernel[grid](x2, y2, keys, sums, flags, n, x2.stride(0), y2.stride(0), chunk, parts, LOG=log,
+                            OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK, num_warps=warps, **LAUNCH)
     return out
 
 
