@@ -59,7 +59,7 @@ DIGIT_BITS = 4
 SELECT_PASSES = 13
 #: most keys a filtered row finishes in one register tile (a power of two): top-k rows with a larger k
 #: and rows whose gathered keys do not hold their top-k / top-p set run the selection passes
-COMPACT = 2048
+COMPACT = 4096
 #: bins of the gather histogram (the last one, far from the row max, is never gathered) and their
 #: edges: bin = (fp32 bits of d - bits of 2**-6) >> HIST_SHIFT, d = m - z, clamped to [0, NB - 1],
 #: so 2**(23 - HIST_SHIFT) bins a binade of d (32: ~2 % of d wide), bin 0 = d < 2**-6
@@ -535,7 +535,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
     _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, hist, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, NB=HIST_BINS, C=COMPACT,
-                                num_warps=8, **LAUNCH)
+                                num_warps=16, **LAUNCH)
     return out
 
 
@@ -563,5 +563,5 @@ def static_specs(target: TritonTarget):
                        "C": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
                        "NB": HIST_BINS, "C": COMPACT},
-                      {"num_warps": 8}))
+                      {"num_warps": 16}))
     return specs
