@@ -64,10 +64,10 @@ def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> None:
     valid (a NaN minimum fails; int64 values keep their sign as fp32). The messages come from
     the per-parameter checks, run only when something is wrong.
     """
-    values = {name: t.detach().float() for name, t in tensors.items()}  # a temperature may require grad
-    parts = list(values.values())
-    if "temperature" in values:
-        parts.append(values["temperature"] - values["temperature"])
+    parts = [t.detach().float() for t in tensors.values()]  # values only: a temperature may require grad
+    if "temperature" in tensors:
+        temp = tensors["temperature"].detach()
+        parts.append(temp - temp)
     if float(torch.cat(parts).min()) >= 0:
         return
     for name, t in tensors.items():
