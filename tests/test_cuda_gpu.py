@@ -245,13 +245,13 @@ def test_decode_step_ops_capture_in_cuda_graphs(op: str, case: object) -> None:
 
 def _sample_rows(b: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     """[B, 151936] logits and per-row parameters cycling through greedy, plain, top-k, top-p, both
-    (these finish from the gathered keys), top-p 0.999 (its set reaches past the 2048 gathered keys)
-    and top-k 3000 + top-p (k beyond the tile): the last two run the selection passes; rows 5, 6, 7
+    (these finish from the gathered keys), top-p 0.999 (its set reaches past the 4096 gathered keys)
+    and top-k 5000 + top-p (k beyond the tile): the last two run the selection passes; rows 5, 6, 7
     hold a NaN, a +inf, and only -inf (B >= 8)."""
     x = torch.randn((b, 151936), generator=g, device="cuda") * 3.0
     kinds = torch.arange(b, device="cuda") % 10
     tau = torch.where(kinds == 0, 0.0, 0.8).to(torch.float32)
-    k = torch.where(kinds == 2, 50, torch.where(kinds == 4, 1000, torch.where(kinds == 9, 3000, 0))).to(torch.int64)
+    k = torch.where(kinds == 2, 50, torch.where(kinds == 4, 1000, torch.where(kinds == 9, 5000, 0))).to(torch.int64)
     p = torch.where(kinds == 3, 0.9, torch.where(kinds == 4, 0.5, torch.where(kinds == 8, 0.999, torch.where(
         kinds == 9, 0.95, 1.0)))).to(torch.float32)
     if b >= 8:
@@ -276,6 +276,8 @@ def test_sample_captures_in_cuda_graphs_and_matches_generic() -> None:
         eager = S.sample(*args)
         _assert_bitwise(generic_sample(*args), eager, f"sample B={b} vs generic")
         _assert_bitwise(eager, _graph_replay(lambda a=args: S.sample(*a)), f"sample B={b} graph")
+
+
 def test_membound_ops_capture_in_cuda_graphs() -> None:
     """softmax / log_softmax over a vocabulary (the three-launch split path), silu_mul and
     embedding launch without host reads under capture and replay with the reference's bits."""

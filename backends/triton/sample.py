@@ -1,6 +1,6 @@
 """``sample`` on Triton (contract ``sample`` v1): fused Philox Gumbel-max with exact top-k / top-p.
 
-Four launches and a memset, no host reads of device values (CUDA-graph capturable):
+Four launches, no host reads of device values (CUDA-graph capturable):
 
 - ``_sample_split_kernel``, grid (B, S): program (b, s) takes chunk s of row b's vocabulary
   (S from the shape only, so that B x S fills the GPU: B = 1 runs ~150 programs). Per token it
@@ -11,7 +11,7 @@ Four launches and a memset, no host reads of device values (CUDA-graph capturabl
   score is ``x`` (greedy rows), ``z + g`` (plain rows: Philox4x32-10 once per block of four
   tokens on a [BLOCK/4, 4] tile, ``g = -log_c(-log_c(u))``) or ``z`` (filtered rows: the pass
   gives the top-ranked token, the max and the special cases). Each program writes its winner
-  to a [B, S] buffer (no atomics, no memset).
+  to a [B, S] buffer (no atomics) and clears its share of the row's gather histogram (no memset).
 - ``_sample_hist_kernel`` and ``_sample_gather_kernel``, grid (B, S), for the finite sampled rows
   with top-k ``k <= COMPACT`` or top-p alone (the others' programs return after three loads): a
   histogram of ``d = fl(m - z)`` (bins monotone in z, 32 a binade of d; int32 atomics, order-free)
@@ -59,7 +59,7 @@ DIGIT_BITS = 4
 SELECT_PASSES = 13
 #: most keys a filtered row finishes in one register tile (a power of two): top-k rows with a larger k
 #: and rows whose gathered keys do not hold their top-k / top-p set run the selection passes
-COMPACT = 2048
+COMPACT = 4096
 #: bins of the gather histogram (the last one, far from the row max, is never gathered) and their
 #: edges: bin = (fp32 bits of d - bits of 2**-6) >> HIST_SHIFT, d = m - z, clamped to [0, NB - 1],
 #: so 2**(23 - HIST_SHIFT) bins a binade of d (32: ~2 % of d wide), bin 0 = d < 2**-6
@@ -156,10 +156,14 @@ def _cut(total, pnum):
 
 
 @triton.jit
-def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, V, CHUNK, S,
-                         BLOCK: tl.constexpr):
+def _sample_split_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, hist_ptr, V, CHUNK, S,
+                         BLOCK: tl.constexpr, NB: tl.constexpr, HZ: tl.constexpr):
     row = tl.program_id(0)
     sp = tl.program_id(1)
+    # the row's gather histogram and count (NB + 1 int32) start at zero: program s clears entries s,
+    # s + S, ... (HZ >= NB + 1 lanes cover them at S = 1); the hist kernel runs after this launch
+    hz = sp + S * tl.arange(0, HZ)
+    tl.store(hist_ptr + row.to(tl.int64) * (NB + 1) + hz, tl.zeros([HZ], tl.int32), mask=hz <= NB)
     tau = tl.load(tau_ptr + row)
     k = tl.load(k_ptr + row)
     p = tl.load(p_ptr + row)
@@ -522,20 +526,20 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     s, chunk = _chunking(b, v)
     dev = logits.device
     # one allocation for the split winners, the chunk q sums and the gathered keys (host time: B 1 eager
-    # is host-bound); the histogram (bin counts, then the gathered count) must start at zero
+    # is host-bound); the histogram (bin counts, then the gathered count) is cleared by the split kernel
     ints = torch.empty(b * (2 * s + COMPACT), dtype=torch.int64, device=dev)
     part, qpart, keys = ints[:b * s].view(b, s), ints[b * s:2 * b * s].view(b, s), ints[2 * b * s:].view(b, COMPACT)
-    hist = torch.zeros((b, HIST_BINS + 1), dtype=torch.int32, device=dev)
+    hist = torch.empty((b, HIST_BINS + 1), dtype=torch.int32, device=dev)
     rows = (x, x.stride(0), *params[:3])
-    _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, v, chunk, s, BLOCK=SPLIT_BLOCK, num_warps=4,
-                                 **LAUNCH)
+    _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, hist, v, chunk, s, BLOCK=SPLIT_BLOCK, NB=HIST_BINS,
+                                 HZ=1 << HIST_BINS.bit_length(), num_warps=4, **LAUNCH)
     gather = dict(S_BLOCK=MAX_SPLITS, BLOCK=SPLIT_BLOCK, NB=HIST_BINS, SHIFT=HIST_SHIFT, C=COMPACT, num_warps=4,
                   **LAUNCH)
     _sample_hist_kernel[(b, s)](*rows, part, hist, qpart, v, chunk, s, **gather)
     _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
     _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, hist, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, NB=HIST_BINS, C=COMPACT,
-                                num_warps=8, **LAUNCH)
+                                num_warps=16, **LAUNCH)
     return out
 
 
@@ -545,9 +549,9 @@ def static_specs(target: TritonTarget):
               "part_ptr": "*i64"}
     for dt in ("fp32", "bf16", "fp16"):
         specs.append(("sample", f"split_{dt}", _sample_split_kernel,
-                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "V": "i32", "CHUNK": "i32", "S": "i32",
-                       "BLOCK": "constexpr"},
-                      {"BLOCK": SPLIT_BLOCK}, {"num_warps": 4}))
+                      {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "hist_ptr": "*i32", "V": "i32", "CHUNK": "i32",
+                       "S": "i32", "BLOCK": "constexpr", "NB": "constexpr", "HZ": "constexpr"},
+                      {"BLOCK": SPLIT_BLOCK, "NB": HIST_BINS, "HZ": 1 << HIST_BINS.bit_length()}, {"num_warps": 4}))
         gather = {"S_BLOCK": MAX_SPLITS, "BLOCK": SPLIT_BLOCK, "NB": HIST_BINS, "SHIFT": HIST_SHIFT, "C": COMPACT}
         rows = {"x_ptr": f"*{dt}", "stride_x": "i64", "tau_ptr": "*fp32", "k_ptr": "*i64", "p_ptr": "*fp32",
                 "part_ptr": "*i64", "hist_ptr": "*i32"}
@@ -563,5 +567,5 @@ def static_specs(target: TritonTarget):
                        "C": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
                        "NB": HIST_BINS, "C": COMPACT},
-                      {"num_warps": 8}))
+                      {"num_warps": 16}))
     return specs
