@@ -325,6 +325,13 @@ def _row_max(part_row, S, S_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _top_z(x_row, v, tau):
+    """The row's top-ranked z, ``fl(x[tok] / tau)`` of the packed maximum ``v``'s token (its sign of zero
+    too): the reference point m of the histogram bins and of ``q = exp(z - m)``."""
+    return tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
+
+
+@triton.jit
 def _finite(v):
     """Whether the row of packed maximum ``v`` has no NaN, no +inf and a z above -inf."""
     return ((v >> _CLASS_SHIFT) == 1) & (((v - (tl.full([], 1, tl.int64) << _CLASS_SHIFT)) >> _IDX_BITS) != 0)
@@ -362,7 +369,7 @@ def _sample_hist_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist_p
         v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
         if _finite(v):
             x_row = x_ptr + row.to(tl.int64) * stride_x
-            m = tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
+            m = _top_z(x_row, v, tau)
             need_q = (k <= 0) | (k >= V)
             cols = tl.arange(0, BLOCK)
             h = tl.zeros([NB], tl.int32)
@@ -402,7 +409,7 @@ def _sample_gather_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist
             nb = tl.sum(((cum <= C) & (bins < NB - 1)).to(tl.int32), axis=0)
             if nb > 0:
                 x_row = x_ptr + row.to(tl.int64) * stride_x
-                m = tl.math.div_rn(E.upcast(tl.load(x_row + (_IDX_MASK - (v & _IDX_MASK)))), tau)
+                m = _top_z(x_row, v, tau)
                 keys_row = keys_ptr + row.to(tl.int64) * C
                 cols = tl.arange(0, BLOCK)
                 start = sp * CHUNK
@@ -437,7 +444,7 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
         seed = tl.load(seed_ptr + row)
         pos = tl.load(pos_ptr + row)
         x_row = x_ptr + row.to(tl.int64) * stride_x
-        m = tl.math.div_rn(E.upcast(tl.load(x_row + tok)), tau)  # the top-ranked z (its sign of zero too)
+        m = _top_z(x_row, v, tau)
         pnum = E.to_fixed(p, 0, 24)
         keys_row = keys_ptr + row.to(tl.int64) * C
         # the gather kernels' keys: the row's n largest (0 where they did not run or gathered none)
