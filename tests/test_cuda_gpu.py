@@ -244,16 +244,18 @@ def test_decode_step_ops_capture_in_cuda_graphs(op: str, case: object) -> None:
         _assert_bitwise(e, r, f"{op} {case.name} output {i} graph replay")  # type: ignore[attr-defined]
 
 def _sample_rows(b: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """[B, 151936] logits and per-row parameters cycling through greedy, plain, top-k, top-p, both
-    (these finish from the gathered keys), top-p 0.999 (its set reaches past the 4096 gathered keys)
-    and top-k 5000 + top-p (k beyond the tile): the last two run the selection passes; rows 5, 6, 7
-    hold a NaN, a +inf, and only -inf (B >= 8)."""
-    x = torch.randn((b, 151936), generator=g, device="cuda") * 3.0
+    """[B, 151936] logits and per-row parameters cycling through greedy, plain, top-k, top-p, both,
+    top-p on a row masked to 700 tokens (these finish from the gathered keys: top-k 50 and the masked
+    row in the 1024-key tile, the others in the 4096-key one), top-p 0.999 (its set reaches past the
+    4096 gathered keys) and top-k 5000 + top-p (k beyond the tile): the last two run the selection
+    passes; rows 5, 6, 7 hold a NaN, a +inf, and only -inf (B >= 8)."""
     kinds = torch.arange(b, device="cuda") % 10
+    x = torch.randn((b, 151936), generator=g, device="cuda") * 3.0
+    x[kinds == 5, 700:] = float("-inf")
     tau = torch.where(kinds == 0, 0.0, 0.8).to(torch.float32)
     k = torch.where(kinds == 2, 50, torch.where(kinds == 4, 1000, torch.where(kinds == 9, 5000, 0))).to(torch.int64)
-    p = torch.where(kinds == 3, 0.9, torch.where(kinds == 4, 0.5, torch.where(kinds == 8, 0.999, torch.where(
-        kinds == 9, 0.95, 1.0)))).to(torch.float32)
+    p = torch.where(kinds == 3, 0.9, torch.where((kinds == 4) | (kinds == 5), 0.5, torch.where(
+        kinds == 8, 0.999, torch.where(kinds == 9, 0.95, 1.0)))).to(torch.float32)
     if b >= 8:
         x[5, 7777] = float("nan")
         x[6, 100000] = float("inf")

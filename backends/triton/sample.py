@@ -14,15 +14,16 @@ Four launches, no host reads of device values (CUDA-graph capturable):
   to a [B, S] buffer (no atomics) and clears its share of the row's gather histogram (no memset).
 - ``_sample_hist_kernel`` and ``_sample_gather_kernel``, grid (B, S), for the finite sampled rows
   with top-k ``k <= COMPACT`` or top-p alone (the others' programs return after three loads): a
-  histogram of ``d = fl(m - z)`` (bins monotone in z, 32 a binade of d; int32 atomics, order-free)
-  picks the leading bins holding at most COMPACT keys, and the gather stores exactly those keys, the
-  row's n largest, in any order. For top-p alone the hist kernel also writes each chunk's exact int64
-  sum of ``q`` (the row's total is their sum).
+  histogram of ``d = fl(m - z)`` (bins monotone in z, 8 a binade of d; int32 atomics, order-free)
+  picks the leading bins holding at most COMPACT keys (a top-k row: only up to the bin reaching k),
+  and the gather stores exactly those keys, the row's n largest, in any order. For top-p alone the
+  hist kernel also writes each chunk's exact int64 sum of ``q`` (the row's total is their sum).
 - ``_sample_finish_kernel``, grid (B,): the max of the row's S partials is the token of greedy,
   plain and special rows. A filtered row (0 < k < V or p < 1, finite max) has unique 50-bit rank
   keys ``(order(z) << 18) | (2**18 - 1 - j)``. It finishes in one register tile when the gathered
   keys hold its kept set: a top-k row with ``k <= n``, a top-p-alone row whose n keys' q sum reaches
-  P (every key past them then has a q prefix >= P). The tile: keys sorted descending, the first k
+  P (every key past them then has a q prefix >= P). The tile (SMALL_TILE or COMPACT keys, the
+  smallest that holds n): keys sorted descending, the first k
   are the top-k survivors, the top-p cut is the first key whose inclusive prefix sum of ``q``
   (``q_j = RNE(exp_c(z_j - m) * 2**40)``) reaches P, Gumbel-max over the kept entries with Philox
   per entry. A top-k row with ``n < k <= COMPACT`` runs count passes (4 bits a pass, exact integer
@@ -60,11 +61,16 @@ SELECT_PASSES = 13
 #: most keys a filtered row finishes in one register tile (a power of two): top-k rows with a larger k
 #: and rows whose gathered keys do not hold their top-k / top-p set run the selection passes
 COMPACT = 4096
+#: the smaller tile the finish sorts when at most this many keys were gathered (a top-k row gathers only
+#: the leading bins that reach k): sorting 4096 keys took 118 us of a B 64 call, 2048 keys 59 us
+SMALL_TILE = 1024
 #: bins of the gather histogram (the last one, far from the row max, is never gathered) and their
 #: edges: bin = (fp32 bits of d - bits of 2**-6) >> HIST_SHIFT, d = m - z, clamped to [0, NB - 1],
-#: so 2**(23 - HIST_SHIFT) bins a binade of d (32: ~2 % of d wide), bin 0 = d < 2**-6
-HIST_BINS = 512
-HIST_SHIFT = 18
+#: so 2**(23 - HIST_SHIFT) bins a binade of d (8: ~9 % of d wide; d >= 2**10 falls in the last bin), bin
+#: 0 = d < 2**-6. tl.histogram costs ~log2(NB) + NB / 32 * log2(NB) instructions an element (a ballot per
+#: bit, then each lane's NB / 32 bins), so 128 bins cost a quarter of 512
+HIST_BINS = 128
+HIST_SHIFT = 20
 _HIST_BASE = tl.constexpr(121 << 23)  # fp32 bits of 2**-6
 
 _M0 = tl.constexpr(0xD2511F53)
@@ -394,19 +400,23 @@ def _sample_hist_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist_p
 def _sample_gather_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist_ptr, keys_ptr, V, CHUNK, S,
                           S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, SHIFT: tl.constexpr,
                           C: tl.constexpr):
-    """Program (b, s): from row b's histogram, the most leading bins whose count is <= C; the chunk's
+    """Program (b, s): from row b's histogram, the most leading bins whose count is <= C (a top-k row:
+    at most up to the first bin whose cumulative count reaches k, so its tile stays small); the chunk's
     keys in them go to ``keys[b]`` at positions taken with one int32 atomic a tile (the order of the
     stores is free: the finish sorts). The row's count of stored keys ends in ``hist[b, NB]``."""
     row = tl.program_id(0)
     sp = tl.program_id(1)
     tau = tl.load(tau_ptr + row)
-    if _gathers(tau, tl.load(k_ptr + row), tl.load(p_ptr + row), V, C):
+    k = tl.load(k_ptr + row)
+    if _gathers(tau, k, tl.load(p_ptr + row), V, C):
         v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
         if _finite(v):
             h_row = hist_ptr + row.to(tl.int64) * (NB + 1)
             bins = tl.arange(0, NB)
             cum = tl.cumsum(tl.load(h_row + bins), axis=0)
             nb = tl.sum(((cum <= C) & (bins < NB - 1)).to(tl.int32), axis=0)
+            if (k > 0) & (k < V):  # top-k: the bins up to the first whose cumulative count reaches k suffice
+                nb = tl.minimum(nb, tl.sum((cum < k).to(tl.int32), axis=0) + 1)
             if nb > 0:
                 x_row = x_ptr + row.to(tl.int64) * stride_x
                 m = _top_z(x_row, v, tau)
@@ -429,7 +439,7 @@ def _sample_gather_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, part_ptr, hist
 @triton.jit(do_not_specialize=["V"])
 def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, part_ptr, hist_ptr, qpart_ptr,
                           keys_ptr, out_ptr, V, S, S_BLOCK: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                          PASSES: tl.constexpr, NB: tl.constexpr, C: tl.constexpr):
+                          PASSES: tl.constexpr, NB: tl.constexpr, C: tl.constexpr, SMALL: tl.constexpr):
     row = tl.program_id(0)
     si = tl.arange(0, S_BLOCK)
     v = _row_max(part_ptr + row.to(tl.int64) * S, S, S_BLOCK)
@@ -460,7 +470,10 @@ def _sample_finish_kernel(x_ptr, stride_x, tau_ptr, k_ptr, p_ptr, seed_ptr, pos_
             total = tl.zeros([], tl.int64) - 1  # top-k: P is cut from the k survivors' sum
             if ~top_k:  # top-p alone: from the row's, the exact sum of the hist kernel's chunk sums
                 total = tl.sum(tl.load(qpart_ptr + row.to(tl.int64) * S + si, mask=si < S, other=0), axis=0)
-            t = _finish_tile(keys_row, n, tl.where(top_k, k, n), m, top_p, total, pnum, seed, pos, C)
+            if n <= SMALL:
+                t = _finish_tile(keys_row, n, tl.where(top_k, k, n), m, top_p, total, pnum, seed, pos, SMALL)
+            else:
+                t = _finish_tile(keys_row, n, tl.where(top_k, k, n), m, top_p, total, pnum, seed, pos, C)
             ok = t >= 0
             tok = tl.where(ok, t, tok)
         if ~ok:  # top-k beyond C, or a top-p set reaching past the gathered keys: the selection passes
@@ -532,11 +545,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     params = [t.contiguous() for t in (temperature, top_k, top_p, seed, position)]
     s, chunk = _chunking(b, v)
     dev = logits.device
-    # one allocation for the split winners, the chunk q sums and the gathered keys (host time: B 1 eager
-    # is host-bound); the histogram (bin counts, then the gathered count) is cleared by the split kernel
-    ints = torch.empty(b * (2 * s + COMPACT), dtype=torch.int64, device=dev)
-    part, qpart, keys = ints[:b * s].view(b, s), ints[b * s:2 * b * s].view(b, s), ints[2 * b * s:].view(b, COMPACT)
-    hist = torch.empty((b, HIST_BINS + 1), dtype=torch.int32, device=dev)
+    # one allocation for the split winners, the chunk q sums, the gathered keys and the int32 histogram
+    # (bin counts, then the gathered count; cleared by the split kernel): B 1 eager is host-bound
+    words = 2 * b * s + b * COMPACT
+    ints = torch.empty(words + cdiv(b * (HIST_BINS + 1), 2), dtype=torch.int64, device=dev)
+    part, qpart = ints[:b * s].view(b, s), ints[b * s:2 * b * s].view(b, s)
+    keys = ints[2 * b * s:words].view(b, COMPACT)
+    hist = ints[words:].view(torch.int32)[:b * (HIST_BINS + 1)].view(b, HIST_BINS + 1)
     rows = (x, x.stride(0), *params[:3])
     _sample_split_kernel[(b, s)](x, x.stride(0), *params, part, hist, v, chunk, s, BLOCK=SPLIT_BLOCK, NB=HIST_BINS,
                                  HZ=1 << HIST_BINS.bit_length(), num_warps=4, **LAUNCH)
@@ -546,7 +561,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
     _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, hist, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, NB=HIST_BINS, C=COMPACT,
-                                num_warps=16, **LAUNCH)
+                                SMALL=SMALL_TILE, num_warps=16, **LAUNCH)
     return out
 
 
@@ -571,8 +586,8 @@ def static_specs(target: TritonTarget):
                       {"x_ptr": f"*{dt}", "stride_x": "i64", **params, "hist_ptr": "*i32", "qpart_ptr": "*i64",
                        "keys_ptr": "*i64", "out_ptr": "*i64", "V": "i32", "S": "i32", "S_BLOCK": "constexpr",
                        "BLOCK": "constexpr", "DIGIT": "constexpr", "PASSES": "constexpr", "NB": "constexpr",
-                       "C": "constexpr"},
+                       "C": "constexpr", "SMALL": "constexpr"},
                       {"S_BLOCK": MAX_SPLITS, "BLOCK": FILTER_BLOCK, "DIGIT": DIGIT_BITS, "PASSES": SELECT_PASSES,
-                       "NB": HIST_BINS, "C": COMPACT},
+                       "NB": HIST_BINS, "C": COMPACT, "SMALL": SMALL_TILE},
                       {"num_warps": 16}))
     return specs
