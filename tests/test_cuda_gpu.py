@@ -268,7 +268,8 @@ def _sample_rows(b: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
 def test_sample_captures_in_cuda_graphs_and_matches_generic() -> None:
     """The Triton ``sample`` launches without host syncs and replays from a CUDA graph with eager's
     bits, at the Qwen3 vocabulary with every row kind in one batch (greedy, plain, top-k, top-p,
-    both, NaN / +inf / all -inf rows); the device-generic code on the GPU gives the same tokens."""
+    both, NaN / +inf / all -inf rows); the device-generic code on the GPU gives the same tokens, and so
+    does the launch hint ``filtered=False`` (which only a batch without filtered rows should get)."""
     from rlkernel.backends.generic.sample import sample as generic_sample
     from rlkernel.backends.triton import sample as S
 
@@ -277,6 +278,8 @@ def test_sample_captures_in_cuda_graphs_and_matches_generic() -> None:
         args = _sample_rows(b, g)
         eager = S.sample(*args)
         _assert_bitwise(generic_sample(*args), eager, f"sample B={b} vs generic")
+        # the launch hint skips the hist and gather kernels: filtered rows then take the selection passes
+        _assert_bitwise(eager, S.sample(*args, filtered=False), f"sample B={b} filtered=False")
         _assert_bitwise(eager, _graph_replay(lambda a=args: S.sample(*a)), f"sample B={b} graph")
 
 

@@ -430,22 +430,44 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 def run_sample_split_checks() -> list[dict[str, Any]]:
     """``sample`` with 8-token split tiles (several programs per row: the per-program winners,
     NaN / +inf / tie rows split across programs, merged exactly), 256-token filter tiles
-    (multi-tile top-k / top-p selection passes) and a 16-key compact tile (rows with k <= 16 stop
-    their count passes early and finish in the tile, rows with a larger k run the full passes): the
+    (multi-tile top-k / top-p selection passes) and 8- and 16-key tiles (rows with k <= 16 stop
+    their count passes early and finish in a tile, rows with a larger k run the full passes): the
     cases of up to 4096 elements (specials, ties, extremes, per-row parameter mixes; each tile costs
-    the interpreter ~0.1 s). The bits must not move."""
+    the interpreter ~0.1 s). The bits must not move. Plus the launch hint ``filtered=False``
+    (hist and gather kernels skipped) on a batch with every row kind: the same tokens."""
     from rlkernel.backends.triton import sample
 
-    saved = (sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT)
-    sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT = 8, 64, 256, 16
+    saved = (sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT, sample.SMALL_TILE)
+    sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT, sample.SMALL_TILE = 8, 64, 256, 16, 8
     records = []
     try:
         for rec in run_op_checks("sample", skip_invariance=True, limit_scale=1 / 256):
             rec["case"] = f"sample/{rec['case']}"
             records.append(rec)
+        records.append(_sample_hint_record(sample.sample))
     finally:
-        sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT = saved
+        sample.SPLIT_BLOCK, sample.PROGRAMS, sample.FILTER_BLOCK, sample.COMPACT, sample.SMALL_TILE = saved
     return records
+
+
+def _sample_hint_record(kernel: Any) -> dict[str, Any]:
+    """The Triton ``sample`` with ``filtered`` True and False against the reference on greedy, plain,
+    top-k (in and beyond the tile), top-p, both, and NaN rows: the hint only skips launches."""
+    from rlkernel.contracts import sample as contract
+
+    t0 = time.monotonic()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((8, 300), generator=g) * 3.0
+    x[7, 11] = float("nan")
+    tau = torch.tensor([0.0, 1.0, 0.8, 0.8, 1.0, 0.7, 0.9, 1.0])
+    k = torch.tensor([5, 0, 5, 100, 0, 10, 0, 3])
+    p = torch.tensor([0.5, 1.0, 1.0, 1.0, 0.9, 0.8, 0.3, 0.9])
+    seed, pos = torch.arange(8) * 977, torch.arange(8) + 40
+    want = contract.reference(x, tau, k, p, seed, pos)
+    got = {hint: kernel(x, tau, k, p, seed, pos, filtered=hint) for hint in (True, False)}
+    bad = {hint: out.tolist() for hint, out in got.items() if not torch.equal(out, want)}
+    return {"case": "sample/filtered_hint", "op": "sample", "kind": "golden", "status": "fail" if bad else "pass",
+            "detail": f"want {want.tolist()}, got {bad}" if bad else "", "seconds": time.monotonic() - t0}
 
 
 def run_split_checks() -> list[dict[str, Any]]:

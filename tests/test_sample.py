@@ -97,6 +97,32 @@ def test_tensor_parameter_checks_need_every_value_valid():
                 sample(**{**a, **ok, name: t})
 
 
+@pytest.mark.parametrize("top_k, top_p, filtered", [
+    (0, 1.0, False), (200, 2.0, False), (50, 1.0, True), (0, 0.9, True),  # Python scalars (V = 200)
+    ([0, 0, 200], [1.0, 1.5, 1.0], False), ([0, 3, 0], [1.0, 1.0, 1.0], True), ([0, 0, 0], [1.0, 0.999, 1.0], True),
+    ([0, 0, 999], 1.0, False), (0, [1.0, float("inf"), 1.0], False)])
+def test_launch_hint_says_whether_a_row_is_filtered(monkeypatch: pytest.MonkeyPatch, top_k, top_p,
+                                                   filtered: bool) -> None:
+    """The public op tells the backend whether any row has top-k (0 < k < V) or top-p (p < 1) on,
+    from Python scalars or the tensor values its check read (``filtered``: a launch hint the Triton
+    kernels use to skip two launches; tokens never depend on it)."""
+    from rlkernel import dispatch
+
+    seen = []
+    real = dispatch.call
+
+    def spy(op: str, device: torch.device, /, **kwargs):
+        seen.append(kwargs["filtered"])
+        return real(op, device, **kwargs)
+
+    monkeypatch.setattr(dispatch, "call", spy)
+    a = inputs(b=3, v=200, tag="hint")
+    a.update(top_k=torch.tensor(top_k) if isinstance(top_k, list) else top_k,
+             top_p=torch.tensor(top_p) if isinstance(top_p, list) else top_p)
+    assert_tokens(con.reference(**a), sample(**a), f"top_k={top_k} top_p={top_p}")
+    assert seen == [filtered]
+
+
 # --- bits: generic == reference ----------------------------------------------------------------
 
 @st.composite

@@ -167,7 +167,7 @@ def _rows(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+           seed: torch.Tensor, position: torch.Tensor, filtered: bool = True) -> torch.Tensor:
     """One token per row: greedy where temperature is 0, else Gumbel-max over the top-k/top-p set.
 
     Parameters
@@ -179,6 +179,10 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     seed : Tensor, int64, [B]
     position : Tensor, int64, [B]
         All validated and broadcast by the public op.
+    filtered : bool, default True
+        A launch hint: False when the public op read every parameter and no row has top-k
+        (0 < k < V) or top-p (p < 1) on. Never changes a token; unused here (this code finds
+        the filtered rows itself).
 
     Returns
     -------

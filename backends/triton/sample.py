@@ -507,7 +507,8 @@ def _chunking(b: int, v: int) -> tuple[int, int]:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seed: torch.Tensor, position: torch.Tensor, target: TritonTarget | None = None) -> torch.Tensor:
+           seed: torch.Tensor, position: torch.Tensor, filtered: bool = True,
+           target: TritonTarget | None = None) -> torch.Tensor:
     """One token per row: greedy where temperature is 0, else Gumbel-max over the top-k/top-p set.
 
     Parameters
@@ -519,6 +520,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     seed : Tensor, int64, [B]
     position : Tensor, int64, [B]
         Validated and broadcast by the public op (``rlkernel.ops.sample``).
+    filtered : bool, default True
+        False (the public op read every parameter and no row has top-k or top-p on) skips the
+        hist and gather launches (B 1 eager is host-bound: ~11 us of host time a launch). A
+        filtered row under False still gets its exact token: the split kernel cleared its
+        gathered count, so the finish runs the selection passes.
     target : TritonTarget, optional
         Bound by the backend; the launch does not depend on it.
 
@@ -531,8 +537,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     Contract ``sample`` v1, steps 1-8: the argmax is an integer max of packed (class, monotone
     score key, inverted index), so ties go to the lowest index and NaN / +inf rows take their
     first such index; the top-k and top-p thresholds come from exact integer counts and int64
-    sums of ``q``, independent of the order in which tokens are visited. Four launches, no host
-    synchronisation (capturable in a CUDA graph).
+    sums of ``q``, independent of the order in which tokens are visited. Four launches (two when
+    ``filtered`` is False), no host synchronisation (capturable in a CUDA graph).
     """
     b, v = logits.shape
     if v > MAX_VOCAB:
@@ -557,8 +563,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                                  HZ=1 << HIST_BINS.bit_length(), num_warps=4, **LAUNCH)
     gather = dict(S_BLOCK=MAX_SPLITS, BLOCK=SPLIT_BLOCK, NB=HIST_BINS, SHIFT=HIST_SHIFT, C=COMPACT, num_warps=4,
                   **LAUNCH)
-    _sample_hist_kernel[(b, s)](*rows, part, hist, qpart, v, chunk, s, **gather)
-    _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
+    if filtered:
+        _sample_hist_kernel[(b, s)](*rows, part, hist, qpart, v, chunk, s, **gather)
+        _sample_gather_kernel[(b, s)](*rows, part, hist, keys, v, chunk, s, **gather)
     _sample_finish_kernel[(b,)](x, x.stride(0), *params, part, hist, qpart, keys, out, v, s, S_BLOCK=MAX_SPLITS,
                                 BLOCK=FILTER_BLOCK, DIGIT=DIGIT_BITS, PASSES=SELECT_PASSES, NB=HIST_BINS, C=COMPACT,
                                 SMALL=SMALL_TILE, num_warps=16, **LAUNCH)

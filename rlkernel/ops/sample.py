@@ -50,8 +50,9 @@ def _check_scalar(op: str, name: str, value: object) -> None:
         raise ValueError(f"{op}: {name} = {value!r}; expected {_EXPECTED[name]}")
 
 
-def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> None:
-    """The value checks of the tensor parameters with one device op and one host read.
+def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The value checks of the tensor parameters with one device op and one host read; returns
+    the values read (``name -> [B] array``).
 
     The bytes of every value ([B] each, contiguous; fp32 first, then int64) are concatenated on
     the device and copied to the host in one read: two device ops whatever the number of
@@ -63,20 +64,44 @@ def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> None:
     # values only (detached: a temperature may require grad), as bytes: one cat for mixed dtypes
     raw = torch.cat([(t.detach() if (t := tensors[name]).requires_grad else t).view(torch.uint8)
                      for name in order]).cpu().numpy()
-    floats = 4 * sum(tensors[name].numel() for name in order if tensors[name].dtype == torch.float32)
-    fv, iv = raw[:floats].view(np.float32), raw[floats:].view(np.int64)
-    b = next(iter(tensors.values())).numel()
+    host: dict[str, np.ndarray] = {}
+    at = 0
+    for name in order:
+        size = tensors[name].numel() * tensors[name].element_size()
+        host[name] = raw[at:at + size].view(np.float32 if tensors[name].dtype == torch.float32 else np.int64)
+        at += size
+    floats = sum(tensors[name].numel() for name in order if tensors[name].dtype == torch.float32)
+    fv, iv = raw[:4 * floats].view(np.float32), raw[4 * floats:].view(np.int64)
     if ((not fv.size or fv.min() >= 0) and (not iv.size or iv.min() >= 0)
-            and ("temperature" not in tensors or fv[:b].max() < np.inf)):
-        return
+            and ("temperature" not in host or host["temperature"].max() < np.inf)):
+        return host
     for name in order:  # the first bad value, for the message
-        t = tensors[name].detach()
-        good = t >= 0  # NaN fails (top_p)
+        values = host[name]
+        good = np.asarray(values >= 0)  # NaN fails (top_p)
         if name == "temperature":
-            good &= torch.isfinite(t)
-        if not bool(good.all()):
-            first = int((~good).nonzero()[0])
-            raise ValueError(f"{op}: {name}[{first}] = {t[first].item()!r}; expected {_EXPECTED[name]}")
+            good &= np.isfinite(values)
+        if not good.all():
+            first = int(np.argmin(good))
+            raise ValueError(f"{op}: {name}[{first}] = {values[first].item()!r}; expected {_EXPECTED[name]}")
+    return host
+
+
+def _any_filtered(top_k: torch.Tensor | int, top_p: torch.Tensor | float, host: dict[str, np.ndarray],
+                  vocab: int) -> bool:
+    """Whether a row may have top-k (0 < k < V) or top-p (p < 1) on, from the Python scalars and the
+    tensor values read by :func:`_check_tensors`; True when a tensor was not read (CUDA-graph
+    capture). The backends take it as a launch hint only: a filtered row gets its exact token
+    either way."""
+    if isinstance(top_k, torch.Tensor):
+        k = host.get("top_k")
+        if k is None or bool(((k > 0) & (k < vocab)).any()):
+            return True
+    elif 0 < int(top_k) < vocab:
+        return True
+    if isinstance(top_p, torch.Tensor):
+        p = host.get("top_p")
+        return p is None or bool((p < 1).any())
+    return float(top_p) < 1
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch.Tensor | int,
@@ -155,8 +180,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor | float, top_k: torch
     for name, (value, _) in given.items():
         if not isinstance(value, torch.Tensor):
             _check_scalar(op, name, value)
+    host: dict[str, np.ndarray] = {}
     if b and not v.capturing(device):
-        _check_tensors(op, {name: t for name, (value, t) in given.items() if isinstance(value, torch.Tensor)})
+        host = _check_tensors(op, {name: t for name, (value, t) in given.items() if isinstance(value, torch.Tensor)})
     with torch.no_grad():  # integer token ids: nothing to differentiate, so inputs that require grad are fine
         return dispatch.call(op, device, logits=v.contiguous(logits), temperature=temp_t, top_k=k_t, top_p=p_t,
-                             seed=seed_t, position=pos_t)
+                             seed=seed_t, position=pos_t, filtered=_any_filtered(top_k, top_p, host, vocab))
