@@ -1,4 +1,13 @@
-"""A/B of sample's host-side value checks on the GPU host (not committed; numbers go to the session doc)."""
+"""A/B of ``sample``'s host-side value checks on a CUDA host.
+
+Variants: the six-op check of the public op before ``51fd6d3`` ("old"; it reads no values, so inside
+the op the kernel gets ``filtered=True`` and launches all four kernels, as before ``9a0c842``), the
+product's byte cat and pageable read ("new"), and a read into a pinned buffer ("pinned"); each alone
+and inside the public op, B 1 and 64, three interleaved rounds. Run from the repository root with
+rlkernel importable (``tools/device_run.sh`` stages it)::
+
+    python3 tools/sample_checks_ab.py
+"""
 import sys
 import time
 
@@ -17,7 +26,7 @@ def old(op, tensors):
         temp = tensors["temperature"].detach()
         parts.append(temp - temp)
     if float(torch.cat(parts).min()) >= 0:
-        return
+        return {}  # nothing read: the public op then tells the kernel every row may be filtered (four launches)
     raise ValueError("bad")
 
 
@@ -32,7 +41,12 @@ def pinned(op, tensors):
     fv, iv = raw[:floats].view(np.float32), raw[floats:].view(np.int64)
     b = next(iter(tensors.values())).numel()
     if fv.min() >= 0 and iv.min() >= 0 and fv[:b].max() < np.inf:
-        return
+        host, at = {}, 0
+        for name in order:
+            size = tensors[name].numel() * tensors[name].element_size()
+            host[name] = raw[at:at + size].view(np.float32 if tensors[name].dtype == torch.float32 else np.int64)
+            at += size
+        return host
     raise ValueError("bad")
 
 
