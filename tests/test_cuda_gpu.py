@@ -246,7 +246,7 @@ def test_decode_step_ops_capture_in_cuda_graphs(op: str, case: object) -> None:
 def _sample_rows(b: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     """[B, 151936] logits and per-row parameters cycling through greedy, plain, top-k, top-p, both,
     top-p on a row masked to 700 tokens (these finish from the gathered keys: top-k 50 and the masked
-    row in the 1024-key tile, the others in the 4096-key one), top-p 0.999 (its set reaches past the
+    row in the 1024-key tile, top-p 0.9 in the 4096-key one), top-p 0.999 (its set reaches past the
     4096 gathered keys) and top-k 5000 + top-p (k beyond the tile): the last two run the selection
     passes; rows 5, 6, 7 hold a NaN, a +inf, and only -inf (B >= 8)."""
     kinds = torch.arange(b, device="cuda") % 10

@@ -1,6 +1,6 @@
 """``sample`` on Triton (contract ``sample`` v1): fused Philox Gumbel-max with exact top-k / top-p.
 
-Four launches, no host reads of device values (CUDA-graph capturable):
+Four launches (two with the hint ``filtered`` False), no host reads of device values (CUDA-graph capturable):
 
 - ``_sample_split_kernel``, grid (B, S): program (b, s) takes chunk s of row b's vocabulary
   (S from the shape only, so that B x S fills the GPU: B = 1 runs ~150 programs). Per token it
