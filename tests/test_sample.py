@@ -103,9 +103,9 @@ def test_tensor_parameter_checks_need_every_value_valid():
     ([0, 0, 999], 1.0, False), (0, [1.0, float("inf"), 1.0], False)])
 def test_launch_hint_says_whether_a_row_is_filtered(monkeypatch: pytest.MonkeyPatch, top_k, top_p,
                                                    filtered: bool) -> None:
-    """The public op tells the backend whether any row has top-k (0 < k < V) or top-p (p < 1) on,
-    from Python scalars or the tensor values its check read (``filtered``: a launch hint the Triton
-    kernels use to skip two launches; tokens never depend on it)."""
+    """The public op tells the backend whether any row has top-k (0 < k < V) or top-p (p < 1) on, as
+    the Python scalars or the tensor values its check read say (``filtered``: a launch hint the
+    Triton kernels use to skip two launches; tokens never depend on it)."""
     from rlkernel import dispatch
 
     seen = []
