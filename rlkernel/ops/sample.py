@@ -65,13 +65,14 @@ def _check_tensors(op: str, tensors: dict[str, torch.Tensor]) -> dict[str, np.nd
     raw = torch.cat([(t.detach() if (t := tensors[name]).requires_grad else t).view(torch.uint8)
                      for name in order]).cpu().numpy()
     host: dict[str, np.ndarray] = {}
-    at = 0
+    at = floats = 0
     for name in order:
         size = tensors[name].numel() * tensors[name].element_size()
         host[name] = raw[at:at + size].view(np.float32 if tensors[name].dtype == torch.float32 else np.int64)
         at += size
-    floats = sum(tensors[name].numel() for name in order if tensors[name].dtype == torch.float32)
-    fv, iv = raw[:4 * floats].view(np.float32), raw[4 * floats:].view(np.int64)
+        if tensors[name].dtype == torch.float32:
+            floats = at  # fp32 come first: their bytes end here
+    fv, iv = raw[:floats].view(np.float32), raw[floats:].view(np.int64)
     if ((not fv.size or fv.min() >= 0) and (not iv.size or iv.min() >= 0)
             and ("temperature" not in host or host["temperature"].max() < np.inf)):
         return host
