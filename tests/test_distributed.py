@@ -7,7 +7,6 @@ any rank fails the test with that rank's traceback).
 
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import run_in_gloo_group
 
 from rlkernel.contracts._gen import normal, seed_of, with_outlier_channels
 from rlkernel.distributed import all_reduce_exact, column_parallel_linear, row_parallel_linear
@@ -110,20 +110,19 @@ def _check_all_reduce(rank: int, world: int, group: object) -> None:
         row_parallel_linear(x[:, : 64 // world], w[:, : 64 // world], group=group)
 
 
+def _body(rank: int, world: int) -> None:
+    # TP = 2 inside pairs of ranks (every rank takes part in creating every group), then TP = 4.
+    pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
+    for size, group in ((2, pairs[rank // 2]), (world, None)):
+        r = dist.get_rank(group) if group is not None else rank
+        _check_row_parallel(r, size, group)
+        _check_column_parallel(r, size, group)
+        _check_all_reduce(r, size, group)
+
+
 def _worker(rank: int, world: int, init_file: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        # TP = 2 inside pairs of ranks (every rank takes part in creating every group), then TP = 4.
-        pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
-        for size, group in ((2, pairs[rank // 2]), (world, None)):
-            r = dist.get_rank(group) if group is not None else rank
-            _check_row_parallel(r, size, group)
-            _check_column_parallel(r, size, group)
-            _check_all_reduce(r, size, group)
-    finally:
-        dist.destroy_process_group()
+    run_in_gloo_group(rank, world, init_file, _body, rank, world, timeout_s=60)
 
 
 def test_tensor_parallel_tp2_tp4_bits_equal_tp1() -> None:

@@ -16,7 +16,6 @@ pair's group (TP = 2) and with the world (TP = 4), and checks on bytes that
 
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import run_in_gloo_group
 from qwen3_tiny import (
     assert_same_bits,
     forward_only_one_thread,
@@ -108,48 +108,44 @@ def _check_model(path: Path, group: object, label: str, reference: dict) -> None
         assert_same_bits(reference["rollout"][b], lp, f"{label}: rollout log-probs of sequence {b}")
 
 
-def _worker(rank: int, world: int, init_file: str, path: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        with forward_only_one_thread():
-            singles = [dist.new_group([r]) for r in range(world)]
-            pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
-            path_ = Path(path)
-            one = load_checkpoint(path_)
-            ids, cu = _sequences()
-            logps, tokens = rollout(one, _prompts(), PROMPT_LENS, TOTAL_LENS, max_batch=3, chunk=None,
-                                    block_size=4, num_blocks=16, seed=0)
-            reference = {"trainer": packed_logprobs(one, ids, cu), "rollout": logps, "tokens": tokens,
-                         "engine": _engine(one)}
-            ids_g = torch.tensor(sum(tokens, []), dtype=torch.int64)
-            cu_g = torch.tensor([0, *torch.tensor(TOTAL_LENS).cumsum(0).tolist()], dtype=torch.int32)
-            replay = packed_logprobs(one, ids_g, cu_g)
-            for b in range(len(tokens)):
-                assert_same_bits(replay[int(cu_g[b]) + 1:int(cu_g[b + 1])], logps[b], f"TP1 replay {b}")
+def _body(rank: int, world: int, path: str, out: str) -> None:
+    with forward_only_one_thread():
+        singles = [dist.new_group([r]) for r in range(world)]
+        pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
+        path_ = Path(path)
+        one = load_checkpoint(path_)
+        ids, cu = _sequences()
+        logps, tokens = rollout(one, _prompts(), PROMPT_LENS, TOTAL_LENS, max_batch=3, chunk=None,
+                                block_size=4, num_blocks=16, seed=0)
+        reference = {"trainer": packed_logprobs(one, ids, cu), "rollout": logps, "tokens": tokens,
+                     "engine": _engine(one)}
+        ids_g = torch.tensor(sum(tokens, []), dtype=torch.int64)
+        cu_g = torch.tensor([0, *torch.tensor(TOTAL_LENS).cumsum(0).tolist()], dtype=torch.int32)
+        replay = packed_logprobs(one, ids_g, cu_g)
+        for b in range(len(tokens)):
+            assert_same_bits(replay[int(cu_g[b]) + 1:int(cu_g[b + 1])], logps[b], f"TP1 replay {b}")
 
-            _check_model(path_, singles[rank], "one-rank group", reference)
-            for size, group in ((2, pairs[rank // 2]), (world, dist.group.WORLD)):
-                _check_collectives(dist.get_rank(group), size, group)
-                _check_model(path_, group, f"TP={size}", reference)
+        _check_model(path_, singles[rank], "one-rank group", reference)
+        for size, group in ((2, pairs[rank // 2]), (world, dist.group.WORLD)):
+            _check_collectives(dist.get_rank(group), size, group)
+            _check_model(path_, group, f"TP={size}", reference)
 
-            model = load_checkpoint(path_, group=pairs[rank // 2])
-            target = Path(out) / f"pair{rank // 2}"
-            written = save_checkpoint(model, target, max_shard_size=32 * 1024)
-            assert bool(written) == (dist.get_rank(pairs[rank // 2]) == 0)
-            dist.barrier()
-            original, saved = _read(path_), _read(target)
-            assert set(saved) == set(original)
-            for name, t in original.items():
-                assert_same_bits(t, saved[name], f"TP=2 save of {name}")
-
-            with pytest.raises(ValueError, match="num_key_value_heads = 2 is not divisible by the TP degree 4"):
-                Qwen3ForCausalLM(Qwen3Config.from_dict(tiny_config()), group=dist.group.WORLD)
-        # every rank out of its last collective before any tears gloo down (a rank destroying its
-        # group while another still talked aborted natively now and then)
+        model = load_checkpoint(path_, group=pairs[rank // 2])
+        target = Path(out) / f"pair{rank // 2}"
+        written = save_checkpoint(model, target, max_shard_size=32 * 1024)
+        assert bool(written) == (dist.get_rank(pairs[rank // 2]) == 0)
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        original, saved = _read(path_), _read(target)
+        assert set(saved) == set(original)
+        for name, t in original.items():
+            assert_same_bits(t, saved[name], f"TP=2 save of {name}")
+
+        with pytest.raises(ValueError, match="num_key_value_heads = 2 is not divisible by the TP degree 4"):
+            Qwen3ForCausalLM(Qwen3Config.from_dict(tiny_config()), group=dist.group.WORLD)
+
+
+def _worker(rank: int, world: int, init_file: str, path: str, out: str) -> None:
+    run_in_gloo_group(rank, world, init_file, _body, rank, world, path, out, timeout_s=120)
 
 
 def test_model_tp1_tp2_tp4_same_bits() -> None:

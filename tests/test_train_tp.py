@@ -9,7 +9,6 @@ weight SHA-256 (whole tensors, gathered) and mismatch count must agree.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import tempfile
@@ -17,6 +16,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import run_in_gloo_group
 
 from rlkernel.model import Qwen3ForCausalLM
 from rlkernel.model.config import Qwen3Config
@@ -35,16 +35,14 @@ def _run(group: object) -> list[dict]:
             for m in trainer.train(STEPS)]
 
 
+def _body(rank: int, out: str) -> None:
+    history = _run(dist.group.WORLD)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(history, f)
+
+
 def _worker(rank: int, world: int, init_file: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        history = _run(dist.group.WORLD)
-        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump(history, f)
-        dist.barrier()  # no rank tears gloo down while another still talks
-    finally:
-        dist.destroy_process_group()
+    run_in_gloo_group(rank, world, init_file, _body, rank, out, timeout_s=300)
 
 
 def test_grpo_tp2_ends_in_the_tp1_weights() -> None:
