@@ -307,6 +307,55 @@ def test_membound_ops_capture_in_cuda_graphs() -> None:
                     "embedding graph replay")
 
 
+def _fused_split_check() -> None:
+    """softmax / log_softmax on the one-launch split (``FUSED_SPLIT``) against the three-launch split
+    and, on a small case, the reference; eager and replayed from a CUDA graph. Run in a child
+    process by the test below (its waits between programs are spin loops)."""
+    from rlkernel.backends.triton import softmax as S
+    from rlkernel.contracts import log_softmax as cl
+    from rlkernel.contracts import softmax as cs
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for rows, n, dtype in ((256, 151936, torch.float32), (64, 151936, torch.bfloat16), (3, 5000, torch.float16),
+                           (1, 151936, torch.float32), (1000, 4097, torch.float32), (37, 40000, torch.bfloat16)):
+        x = torch.randn(rows, n, generator=g, device="cuda") * 4
+        x[:, :3] *= 30.0  # outlier columns
+        x[rows // 2, 100] = float("nan")
+        x[rows - 1, :] = float("-inf")
+        x[0, n - 1] = float("inf") if rows > 2 else x[0, n - 1]
+        x = x.to(dtype)
+        for fn in (S.softmax, S.log_softmax):
+            S.FUSED_SPLIT = False
+            want = fn(x)
+            S.FUSED_SPLIT = True
+            what = f"{fn.__name__} fused [{rows}, {n}] {dtype}"
+            _assert_bitwise(want, fn(x), what)
+            _assert_bitwise(want, _graph_replay(lambda fn=fn, x=x: fn(x)), f"{what} graph")
+    S.FUSED_SPLIT = True
+    x = torch.randn(4, 70000, generator=g, device="cuda") * 5
+    x[2, 9] = float("nan")
+    _assert_bitwise(cs.reference(x.cpu()), S.softmax(x).cpu(), "softmax fused vs reference")
+    _assert_bitwise(cl.reference(x.cpu()), S.log_softmax(x).cpu(), "log_softmax fused vs reference")
+    print("fused split: ok")
+
+
+def test_softmax_fused_split_equals_the_three_launch_split() -> None:
+    """The one-launch split of softmax / log_softmax (opt-in ``FUSED_SPLIT``) gives the three-launch
+    split's bytes (Qwen3's vocabulary at T 1-256, fp32 / bf16 / fp16, NaN / +-inf rows, CUDA-graph
+    replay). In a child process with a time limit: a wait that never ends fails this test only."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_cuda_gpu as t; t._fused_split_check()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the fused split did not finish in 300 s (a wait that never ends?)")
+    assert done.returncode == 0 and "fused split: ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
+
+
 def test_embedding_bad_id_is_a_value_error_on_the_gpu() -> None:
     """The id range check runs in the kernel (no host pre-check): the error still names the id."""
     from rlkernel import ops

@@ -17,10 +17,11 @@ casts, 21-bit digits) on random bit patterns against ``rlkernel.contracts._exact
 loops, more vocabulary ranges, 16-query x 32-key attention tiles, one key tile per
 ``attention_paged`` split), and the small ``sample`` cases with 8-token split tiles (many programs
 per row), which must not move a bit; ``small_split``: softmax's split rows with chunks of several
-tiles, and embedding's id check; and ``attention_paged_splits``: every ``attention_paged`` case and
-invariance with one key tile per split and the scores recomputed in pass 2 (many programs per
-sequence merged by integer atomics); ``small_tiles_<op>`` for the RL reductions (2 x 16 tiles:
-many programs merged by int64 atomics).
+tiles, and embedding's id check; ``small_split_fused``: the same rows on the one-launch split
+(``FUSED_SPLIT``: ordered work items, batches of rows); and ``attention_paged_splits``: every
+``attention_paged`` case and invariance with one key tile per split and the scores recomputed in
+pass 2 (many programs per sequence merged by integer atomics); ``small_tiles_<op>`` for the RL
+reductions (2 x 16 tiles: many programs merged by int64 atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
 ``tl.dot`` is wrong in it (the kernels only ``tl.dot`` int8 digits, exact in numpy int32, and attention's fp64
@@ -492,6 +493,30 @@ def run_split_checks() -> list[dict[str, Any]]:
     return records
 
 
+def run_split_fused_checks() -> list[dict[str, Any]]:
+    """softmax / log_softmax golden cases on the one-launch split (``FUSED_SPLIT``): 32-column tiles,
+    two a work item, batches of 2 KiB of x, so rows span several items and batches (the last one
+    partial). The interpreter runs the programs one after another, so the first takes every ticket
+    and no wait ever spins: this checks the tickets' order, the items' indexing and the bits; the
+    waits between programs need a GPU."""
+    from rlkernel.backends.triton import softmax
+
+    knobs = ("MAX_BLOCK", "FUSED_SPLIT", "FUSED_ITEM_TILES", "FUSED_BATCH_BYTES")
+    saved = {k: getattr(softmax, k) for k in knobs}
+    records = []
+    try:
+        for k, value in zip(knobs, (32, True, 2, 2048)):
+            setattr(softmax, k, value)
+        for name in ("softmax", "log_softmax"):
+            for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
+                rec["case"] = f"{name}/fused/{rec['case']}"
+                records.append(rec)
+    finally:
+        for k, value in saved.items():
+            setattr(softmax, k, value)
+    return records
+
+
 def _all_reduce_overflow_check(device: str = "cpu") -> dict[str, Any]:
     """``all_reduce``'s overflow count on the cuda kernel: a total outside int64 raises naming its
     first element (in the second block of 1024: the count is per block); an intermediate overflow
@@ -610,6 +635,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_tiling_checks()
         elif name == "small_split":
             out[name] = run_split_checks()
+        elif name == "small_split_fused":
+            out[name] = run_split_fused_checks()
         elif name.startswith("small_tiles_"):
             out[name] = run_rl_tiling_checks(name.removeprefix("small_tiles_"))
         else:
@@ -625,7 +652,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # pytest side
 # --------------------------------------------------------------------------------------------
 
-OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "attention_paged_splits"]
+OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "small_split_fused",
+                                                    "attention_paged_splits"]
        + [f"small_tiles_{op}" for op in RL_TILED])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import torch
@@ -11,6 +12,17 @@ OUT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 #: every launch passes these (R1: no contraction; Triton 3.10 changes the default, so explicit)
 LAUNCH = {"enable_fp_fusion": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (CUs on ROCm builds of torch, which present AMD GPUs as "cuda" devices);
+    cached per device index."""
+    return _sms_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def f32_bits(value: float) -> int:

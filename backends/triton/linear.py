@@ -43,7 +43,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, cdiv, next_pow2
+from ._common import LAUNCH, OUT_CODE, cdiv, next_pow2, sm_count
 from .targets import TritonTarget
 
 #: grid magnitude bits of x rows (28-bit grid, 4 digits) and weight rows (21-bit grid, 3 digits)
@@ -302,7 +302,7 @@ def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False, n: int
     if mid and target.linear_mid is not None:
         bm, bn = target.linear_mid[:2]
         if target.linear_mid_few is not None and device is not None and device.type == "cuda":
-            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+            sms = sm_count(device)
             if cdiv(m, bm) * cdiv(n, bn) <= MID_FEW_WAVES * sms:
                 return target.linear_mid_few
         return target.linear_mid
@@ -313,12 +313,6 @@ def _tiles(m: int, decode: bool, target: TritonTarget, mid: bool = False, n: int
     return target.linear_prefill
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    """SMs (CUs on ROCm builds of torch, which present AMD GPUs as "cuda" devices) of a GPU."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _prefill_k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
     """K per program of the prefill path: ``k`` (no split) unless its ``tiles`` output tiles leave
     half of the SMs idle; then as many splits as whole waves allow, each of at least
@@ -327,7 +321,7 @@ def _prefill_k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
     if SMALL_TILES:
         sms, min_steps = 64, 1
     elif device.type == "cuda":
-        sms, min_steps = _sm_count(device.index if device.index is not None else torch.cuda.current_device()), \
+        sms, min_steps = sm_count(device), \
             PREFILL_SPLIT_MIN_STEPS
     else:
         return k
@@ -344,7 +338,7 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTa
     if device.type != "cuda" and not SMALL_TILES:
         return k
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+    sms = sm_count(device) \
         if device.type == "cuda" else 2
     splits = min(cdiv(k, bk), cdiv(target.split_k_waves * sms, tiles))
     if splits <= 1:

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, cdiv, pow2_block, warps_for
+from ._common import LAUNCH, OUT_CODE, cdiv, pow2_block, sm_count, warps_for
 
 MAX_N = 1 << 22
 #: rows up to this length run one program per row, in registers
@@ -46,6 +46,14 @@ PROGRAM_TILES = 2048
 PART_BLOCK = 128
 #: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
 NAN_KEY = 0x7FFFFFFF
+#: split rows in one launch (``_split_fused_kernel``: the three steps as ordered work items, a batch of
+#: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
+#: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
+FUSED_SPLIT = False
+#: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM
+FUSED_ITEM_TILES = 4
+FUSED_BATCH_BYTES = 16 << 20
+FUSED_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -84,13 +92,9 @@ def _sum_code(m):
 
 
 @triton.jit
-def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.constexpr):
-    """keys[row, s] = the R5 max key of columns [s * chunk, (s + 1) * chunk), NAN_KEY if a NaN is there."""
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    x_row = x_ptr + row * x_row_stride
+def _chunk_max_key(x_row, start, chunk, n, TILE: tl.constexpr):
+    """The R5 max key of columns [start, start + chunk) of a row, NAN_KEY if a NaN is there."""
     cols = tl.arange(0, TILE)
-    start = s * chunk
     keys = tl.full([TILE], -2147483647, tl.int32)
     nan = tl.zeros([TILE], tl.int32)
     for t in range(0, chunk, TILE):
@@ -100,46 +104,93 @@ def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.const
         keys = tl.maximum(keys, tl.where(mask & ~E.is_nan(x), E.max_key(x), -2147483647))
         nan = nan | (E.is_nan(x) & mask).to(tl.int32)
     key = tl.max(keys, axis=0)
-    key = tl.where(tl.max(nan, axis=0) != 0, 0x7FFFFFFF, key)
-    tl.store(keys_ptr + row * S + s, key)
+    return tl.where(tl.max(nan, axis=0) != 0, 0x7FFFFFFF, key)
 
 
 @triton.jit
-def _row_max_of_keys(keys_row, S, PART: tl.constexpr):
-    """The row max (fp32; canonical NaN if any chunk held a NaN) from its S chunk keys."""
+def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.constexpr):
+    """keys[row, s] = the R5 max key of columns [s * chunk, (s + 1) * chunk), NAN_KEY if a NaN is there."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    tl.store(keys_ptr + row * S + s, _chunk_max_key(x_ptr + row * x_row_stride, s * chunk, chunk, n, TILE))
+
+
+@triton.jit
+def _row_max_of_keys(keys_row, S, PART: tl.constexpr, CACHE: tl.constexpr = ""):
+    """The row max (fp32; canonical NaN if any chunk held a NaN) from its S chunk keys (``CACHE``: the
+    loads' cache modifier)."""
     ps = tl.arange(0, PART)
     best = tl.full([PART], -2147483647, tl.int32)
     for s0 in range(0, S, PART):
-        best = tl.maximum(best, tl.load(keys_row + s0 + ps, mask=s0 + ps < S, other=-2147483647))
+        best = tl.maximum(best, tl.load(keys_row + s0 + ps, mask=s0 + ps < S, other=-2147483647,
+                                        cache_modifier=CACHE))
     key = tl.max(best, axis=0)
     m = E.key_to_f32(key)
     return tl.where(key == 0x7FFFFFFF, E.canonical_nan_f32(m), m)
 
 
 @triton.jit
-def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chunk, S,
-                      TILE: tl.constexpr, PART: tl.constexpr):
-    """sums[row, s] = the int64 sum of RNE(exp_c(x - m) * 2**40) over the chunk; flags[row, s] its
-    non-finite bookkeeping (``_sum_code``: from the row max; a row whose max is not finite is NaN
-    whatever its sum, so its terms are not read).
+def _chunk_sum(x_row, m, start, chunk, n, TILE: tl.constexpr):
+    """(the int64 sum of RNE(exp_c(x - m) * 2**40) over columns [start, start + chunk), its non-finite
+    code); a row whose max is not finite is NaN whatever its sum, so its terms are not read.
 
     The terms (integers <= 2**40: ``exp_c(x - m)`` is in [0, 1]) add per lane in fp64, exactly: a lane
     adds at most ``chunk / TILE <= PROGRAM_TILES`` of them, below 2**52; the lanes' integers add in int64."""
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    x_row = x_ptr + row * x_row_stride
-    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
     code = _sum_code(m)
     cols = tl.arange(0, TILE)
-    start = s * chunk
     acc = tl.zeros([TILE], tl.float64)  # each lane adds at most PROGRAM_TILES integers <= 2**40: exact
     for t in range(0, tl.where(code == 0, chunk, 0), TILE):
         idx = start + t + cols
         mask = idx < n
         x = E.upcast(tl.load(x_row + idx, mask=mask, other=float("-inf")))  # a masked lane's term is exp(-inf) = 0
         acc += E.to_grid_unit(E.exp_c_nonpos(x - m), 40).to(tl.float64)
-    tl.store(sums_ptr + row * S + s, tl.sum(E.f64_count_to_i64(acc), axis=0))
+    return tl.sum(E.f64_count_to_i64(acc), axis=0), code
+
+
+@triton.jit
+def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chunk, S,
+                      TILE: tl.constexpr, PART: tl.constexpr):
+    """sums[row, s] = the chunk's int64 sum of RNE(exp_c(x - m) * 2**40); flags[row, s] its non-finite
+    bookkeeping (``_sum_code``: from the row max)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
+    total, code = _chunk_sum(x_ptr + row * x_row_stride, m, s * chunk, chunk, n, TILE)
+    tl.store(sums_ptr + row * S + s, total)
     tl.store(flags_ptr + row * S + s, code)
+
+
+@triton.jit
+def _row_sum(sums_row, flags_row, S, PART: tl.constexpr, CACHE: tl.constexpr = ""):
+    """``L`` of a row from its S partial sums (exact int64 addition) and flags."""
+    ps = tl.arange(0, PART)
+    tot = tl.zeros([PART], tl.int64)
+    fl = tl.zeros([PART], tl.int32)
+    for s0 in range(0, S, PART):
+        pmask = s0 + ps < S
+        tot += tl.load(sums_row + s0 + ps, mask=pmask, other=0, cache_modifier=CACHE)
+        fl = fl | tl.load(flags_row + s0 + ps, mask=pmask, other=0, cache_modifier=CACHE)
+    return E.apply_special(E.from_fixed(tl.sum(tot, axis=0), 0, 40), E.or_reduce_flags(fl))
+
+
+@triton.jit
+def _chunk_out(x_row, y_row, m, big_l, start, chunk, n, LOG: tl.constexpr, OUT: tl.constexpr,
+               TILE: tl.constexpr, EVICT: tl.constexpr = ""):
+    """The outputs of columns [start, start + chunk) of a row from its max and ``L`` (``EVICT``: the
+    eviction policy of the last read of x and of the stores)."""
+    log_l = E.log_c(big_l)
+    cols = tl.arange(0, TILE)
+    for t in range(0, chunk, TILE):
+        idx = start + t + cols
+        mask = idx < n
+        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0, eviction_policy=EVICT))
+        d = x - m
+        if LOG:
+            y = d - log_l
+        else:
+            # exp_c_nonpos: d <= 0 where m is finite; elsewhere L is NaN, and so is every output
+            y = tl.math.div_rn(E.exp_c_nonpos(d), big_l)
+        tl.store(y_row + idx, E.cast_out(y, OUT), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -148,31 +199,75 @@ def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stri
     """The chunk's outputs, ``L`` from the row's S partial sums (exact) and flags."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    x_row = x_ptr + row * x_row_stride
-    y_row = y_ptr + row * y_row_stride
     m = _row_max_of_keys(keys_ptr + row * S, S, PART)
-    ps = tl.arange(0, PART)
-    tot = tl.zeros([PART], tl.int64)
-    fl = tl.zeros([PART], tl.int32)
-    for s0 in range(0, S, PART):
-        pmask = s0 + ps < S
-        tot += tl.load(sums_ptr + row * S + s0 + ps, mask=pmask, other=0)
-        fl = fl | tl.load(flags_ptr + row * S + s0 + ps, mask=pmask, other=0)
-    big_l = E.apply_special(E.from_fixed(tl.sum(tot, axis=0), 0, 40), E.or_reduce_flags(fl))
-    log_l = E.log_c(big_l)
-    cols = tl.arange(0, TILE)
-    start = s * chunk
-    for t in range(0, chunk, TILE):
-        idx = start + t + cols
-        mask = idx < n
-        x = E.upcast(tl.load(x_row + idx, mask=mask, other=0.0))
-        d = x - m
-        if LOG:
-            y = d - log_l
+    big_l = _row_sum(sums_ptr + row * S, flags_ptr + row * S, S, PART)
+    _chunk_out(x_ptr + row * x_row_stride, y_ptr + row * y_row_stride, m, big_l, s * chunk, chunk, n, LOG, OUT,
+               TILE)
+
+
+@triton.jit
+def _wait_count(count_ptr, target):
+    """Spin until the int32 at ``count_ptr`` reaches ``target`` (acquire), then a CTA barrier: every
+    thread's later loads are ordered after the writes the count publishes."""
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while seen < target:
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _publish(count_ptr):
+    """Count one finished work item at ``count_ptr`` after every thread's stores (CTA barrier, then a
+    release add: the pattern of a grid barrier's arrival)."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+
+
+@triton.jit
+def _split_fused_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, state_ptr, n, x_row_stride, y_row_stride,
+                        chunk, S, rows, BATCH, LOG: tl.constexpr, OUT: tl.constexpr, TILE: tl.constexpr,
+                        PART: tl.constexpr):
+    """The three steps of the split rows in one launch of a few programs a SM, so that a row's later
+    reads of x hit L2 (``FUSED_SPLIT``; the bits are the three-launch form's: the same partials).
+
+    Work items are tickets ``0 .. 3 * rows * S``, taken in order from the counter ``state[0]``; per
+    batch of ``BATCH`` rows: every (row, chunk)'s max, then their sums, then their outputs. A sum
+    item waits (spins) until its row's S max items are counted in ``state[1 + row]``, an output item
+    until its S sum items are counted in ``state[1 + rows + row]``. An item waits only for items of
+    smaller tickets, which programs already running hold, so the smallest unfinished ticket can
+    always run: no deadlock whatever the grid and whichever programs are resident (the interpreter,
+    running programs one after another, takes every ticket in the first program). ``state`` is
+    zeroed by the launcher.
+    """
+    per_batch = 3 * BATCH * S
+    total = 3 * rows * S
+    ticket = tl.atomic_add(state_ptr, 1, sem="relaxed")
+    while ticket < total:
+        following = tl.atomic_add(state_ptr, 1, sem="relaxed")  # taken now: its latency hides behind this item
+        b = ticket // per_batch
+        batch_items = tl.minimum(BATCH, rows - b * BATCH) * S
+        phase = (ticket - b * per_batch) // batch_items
+        k = ticket - b * per_batch - phase * batch_items
+        row = (b * BATCH + k // S).to(tl.int64)
+        s = k % S
+        x_row = x_ptr + row * x_row_stride
+        if phase == 0:
+            tl.store(keys_ptr + row * S + s, _chunk_max_key(x_row, s * chunk, chunk, n, TILE))
+            _publish(state_ptr + 1 + row)
+        elif phase == 1:
+            _wait_count(state_ptr + 1 + row, S)
+            m = _row_max_of_keys(keys_ptr + row * S, S, PART, ".cg")
+            part, code = _chunk_sum(x_row, m, s * chunk, chunk, n, TILE)
+            tl.store(sums_ptr + row * S + s, part)
+            tl.store(flags_ptr + row * S + s, code)
+            _publish(state_ptr + 1 + rows + row)
         else:
-            # exp_c_nonpos: d <= 0 where m is finite; elsewhere L is NaN, and so is every output
-            y = tl.math.div_rn(E.exp_c_nonpos(d), big_l)
-        tl.store(y_row + idx, E.cast_out(y, OUT), mask=mask)
+            _wait_count(state_ptr + 1 + rows + row, S)
+            m = _row_max_of_keys(keys_ptr + row * S, S, PART, ".cg")
+            big_l = _row_sum(sums_ptr + row * S, flags_ptr + row * S, S, PART, ".cg")
+            _chunk_out(x_row, y_ptr + row * y_row_stride, m, big_l, s * chunk, chunk, n, LOG, OUT, TILE,
+                       "evict_first")
+        ticket = following
 
 
 def split_plan(rows: int, n: int) -> tuple[int, int, int]:
@@ -202,6 +297,9 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
                                      BLOCK=block, num_warps=warps_for(block), **LAUNCH)
         return out
+    if FUSED_SPLIT and 3 * rows * cdiv(n, SPLIT_TILE * FUSED_ITEM_TILES) < 1 << 31:
+        _launch_fused(x2, y2, n, log, out_dtype)
+        return out
     tile, chunk, parts = split_plan(rows, n)
     grid = (rows, parts)
     keys = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
@@ -214,6 +312,31 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
     _split_out_kernel[grid](x2, y2, keys, sums, flags, n, x2.stride(0), y2.stride(0), chunk, parts, LOG=log,
                             OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK, num_warps=warps, **LAUNCH)
     return out
+
+
+def fused_plan(rows: int, n: int, itemsize: int, sms: int) -> tuple[int, int, int, int]:
+    """``(chunk, S, batch, programs)`` of the fused split: ``S`` items of ``chunk`` columns a row,
+    ``batch`` rows (about FUSED_BATCH_BYTES of x) a batch, ``programs`` persistent programs."""
+    chunk = min(SPLIT_TILE, MAX_BLOCK) * min(FUSED_ITEM_TILES, PROGRAM_TILES)
+    parts = cdiv(n, chunk)
+    batch = max(1, min(rows, FUSED_BATCH_BYTES // (n * itemsize)))
+    return chunk, parts, batch, max(1, min(rows * parts, sms * FUSED_PROGRAMS_PER_SM))
+
+
+def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dtype: torch.dtype) -> None:
+    rows = x2.shape[0]
+    device = x2.device
+    # the interpreter (CPU tensors) runs one program after another: a few programs are enough
+    sms = sm_count(device) if device.type == "cuda" else 2
+    chunk, parts, batch, programs = fused_plan(rows, n, x2.element_size(), sms)
+    tile = min(SPLIT_TILE, MAX_BLOCK)
+    keys = torch.empty((rows, parts), dtype=torch.int32, device=device)
+    sums = torch.empty((rows, parts), dtype=torch.int64, device=device)
+    flags = torch.empty((rows, parts), dtype=torch.int32, device=device)
+    state = torch.zeros(1 + 2 * rows, dtype=torch.int32, device=device)  # ticket, then the per-row counts
+    _split_fused_kernel[(programs,)](x2, y2, keys, sums, flags, state, n, x2.stride(0), y2.stride(0), chunk, parts,
+                                     rows, batch, LOG=log, OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK,
+                                     num_warps=SPLIT_WARPS if tile == SPLIT_TILE else 1, **LAUNCH)
 
 
 def softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -242,6 +365,13 @@ def static_specs(target):
                           {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "n": "i32", "x_row_stride": "i64",
                            "y_row_stride": "i64", "LOG": "constexpr", "OUT": "constexpr", "BLOCK": "constexpr"},
                           {"LOG": log, "OUT": code, "BLOCK": MAX_BLOCK}, {"num_warps": warps_for(MAX_BLOCK)}))
+            specs.append((name, f"{dt}_split_fused", _split_fused_kernel,
+                          {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "keys_ptr": "*i32", "sums_ptr": "*i64",
+                           "flags_ptr": "*i32", "state_ptr": "*i32", "y_row_stride": "i64", **split,
+                           "rows": "i32", "BATCH": "i32", "LOG": "constexpr", "OUT": "constexpr",
+                           "PART": "constexpr"},
+                          {"LOG": log, "OUT": code, "TILE": SPLIT_TILE, "PART": PART_BLOCK},
+                          {"num_warps": SPLIT_WARPS}))
             specs.append((name, f"{dt}_split_out", _split_out_kernel,
                           {"x_ptr": f"*{dt}", "y_ptr": f"*{dt}", "keys_ptr": "*i32", "sums_ptr": "*i64",
                            "flags_ptr": "*i32", "y_row_stride": "i64", **split, "LOG": "constexpr",
