@@ -297,8 +297,7 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
                                      BLOCK=block, num_warps=warps_for(block), **LAUNCH)
         return out
-    if FUSED_SPLIT and 3 * rows * cdiv(n, SPLIT_TILE * FUSED_ITEM_TILES) < 1 << 31:
-        _launch_fused(x2, y2, n, log, out_dtype)
+    if FUSED_SPLIT and _launch_fused(x2, y2, n, log, out_dtype):
         return out
     tile, chunk, parts = split_plan(rows, n)
     grid = (rows, parts)
@@ -323,12 +322,16 @@ def fused_plan(rows: int, n: int, itemsize: int, sms: int) -> tuple[int, int, in
     return chunk, parts, batch, max(1, min(rows * parts, sms * FUSED_PROGRAMS_PER_SM))
 
 
-def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dtype: torch.dtype) -> None:
+def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dtype: torch.dtype) -> bool:
+    """Launch the fused split; False (nothing launched) when its int32 ticket counter could overflow
+    (the tickets, and two more a program past the last, from ``3 * rows * S`` on)."""
     rows = x2.shape[0]
     device = x2.device
     # the interpreter (CPU tensors) runs one program after another: a few programs are enough
     sms = sm_count(device) if device.type == "cuda" else 2
     chunk, parts, batch, programs = fused_plan(rows, n, x2.element_size(), sms)
+    if 3 * rows * parts + 2 * programs >= 1 << 31:
+        return False
     tile = min(SPLIT_TILE, MAX_BLOCK)
     keys = torch.empty((rows, parts), dtype=torch.int32, device=device)
     sums = torch.empty((rows, parts), dtype=torch.int64, device=device)
@@ -337,6 +340,7 @@ def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dty
     _split_fused_kernel[(programs,)](x2, y2, keys, sums, flags, state, n, x2.stride(0), y2.stride(0), chunk, parts,
                                      rows, batch, LOG=log, OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK,
                                      num_warps=SPLIT_WARPS if tile == SPLIT_TILE else 1, **LAUNCH)
+    return True
 
 
 def softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
