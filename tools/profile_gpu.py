@@ -46,7 +46,13 @@ def _set(assignment: str) -> None:
     module = importlib.import_module(module_name)
     if not hasattr(module, attr):
         raise SystemExit(f"--set {assignment}: {module_name} has no attribute {attr}")
-    setattr(module, attr, type(getattr(module, attr))(value))
+    kind = type(getattr(module, attr))
+    if kind is bool:  # bool("False") is True: spell the two values out
+        if value not in ("True", "False"):
+            raise SystemExit(f"--set {assignment}: {attr} is a bool; give True or False")
+        setattr(module, attr, value == "True")
+        return
+    setattr(module, attr, kind(value))
 
 
 def _graph_ms(call: Callable[[], Any]) -> tuple[float | None, str]:
