@@ -350,7 +350,8 @@ def test_softmax_fused_split_equals_the_three_launch_split() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     code = f"import sys; sys.path.insert(0, {here!r}); import test_cuda_gpu as t; t._fused_split_check()"
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        # -P: the working directory (a checkout's root on the GPU machine) must not shadow the package
+        done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         pytest.fail("the fused split did not finish in 300 s (a wait that never ends?)")
     assert done.returncode == 0 and "fused split: ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
