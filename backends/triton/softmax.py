@@ -50,10 +50,12 @@ NAN_KEY = 0x7FFFFFFF
 #: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
 #: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
 FUSED_SPLIT = False
-#: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM
+#: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM (the
+#: kernel takes 64 registers a thread at 8 warps on sm_90, so four programs fill a SM's registers and
+#: keep ~32 KB of loads in flight there)
 FUSED_ITEM_TILES = 4
 FUSED_BATCH_BYTES = 16 << 20
-FUSED_PROGRAMS_PER_SM = 2
+FUSED_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
