@@ -317,11 +317,15 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
 
 def fused_plan(rows: int, n: int, itemsize: int, sms: int) -> tuple[int, int, int, int]:
     """``(chunk, S, batch, programs)`` of the fused split: ``S`` items of ``chunk`` columns a row,
-    ``batch`` rows (about FUSED_BATCH_BYTES of x) a batch, ``programs`` persistent programs."""
-    chunk = min(SPLIT_TILE, MAX_BLOCK) * min(FUSED_ITEM_TILES, PROGRAM_TILES)
+    ``batch`` rows (about FUSED_BATCH_BYTES of x) a batch, ``programs`` persistent programs. An item
+    is FUSED_ITEM_TILES tiles, fewer when a step would not give every program one (one token: 75
+    one-tile items, not 19 of four)."""
+    tile = min(SPLIT_TILE, MAX_BLOCK)
+    wanted = sms * FUSED_PROGRAMS_PER_SM
+    chunk = tile * max(1, min(FUSED_ITEM_TILES, PROGRAM_TILES, rows * cdiv(n, tile) // wanted))
     parts = cdiv(n, chunk)
     batch = max(1, min(rows, FUSED_BATCH_BYTES // (n * itemsize)))
-    return chunk, parts, batch, max(1, min(rows * parts, sms * FUSED_PROGRAMS_PER_SM))
+    return chunk, parts, batch, max(1, min(rows * parts, wanted))
 
 
 def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dtype: torch.dtype) -> bool:
