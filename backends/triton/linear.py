@@ -321,8 +321,7 @@ def _prefill_k_split(tiles: int, k: int, bk: int, device: torch.device) -> int:
     if SMALL_TILES:
         sms, min_steps = 64, 1
     elif device.type == "cuda":
-        sms, min_steps = sm_count(device), \
-            PREFILL_SPLIT_MIN_STEPS
+        sms, min_steps = sm_count(device), PREFILL_SPLIT_MIN_STEPS
     else:
         return k
     splits = min(sms // max(tiles, 1), cdiv(k, bk) // min_steps)
@@ -338,8 +337,7 @@ def _k_split(tiles: int, k: int, bk: int, device: torch.device, target: TritonTa
     if device.type != "cuda" and not SMALL_TILES:
         return k
     # ROCm builds of torch present AMD GPUs as "cuda" devices; multi_processor_count is then the CU count
-    sms = sm_count(device) \
-        if device.type == "cuda" else 2
+    sms = sm_count(device) if device.type == "cuda" else 2
     splits = min(cdiv(k, bk), cdiv(target.split_k_waves * sms, tiles))
     if splits <= 1:
         return k

@@ -19,6 +19,11 @@ The partials are written, not accumulated: every buffer is ``torch.empty`` (no f
 atomics), the launches read nothing on the host, so the op captures in CUDA graphs. The bits
 are the contract's whatever ``S`` and the chunk: the max and the sum are exact integer
 reductions.
+
+``FUSED_SPLIT`` (off by default: no GPU has run it yet) takes the three steps in one launch,
+``_split_fused_kernel``: the same partials, written by ordered work items over batches of rows so
+that a row's later reads of x come from L2; it zeroes one int32 word per row and step plus a ticket
+counter (one fill launch), and captures in CUDA graphs too.
 """
 
 from __future__ import annotations
