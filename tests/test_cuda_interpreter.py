@@ -471,23 +471,32 @@ def _sample_hint_record(kernel: Any) -> dict[str, Any]:
             "detail": f"want {want.tolist()}, got {bad}" if bad else "", "seconds": time.monotonic() - t0}
 
 
+def _softmax_golden_with(settings: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """softmax / log_softmax golden cases (quarter-size limits) with the softmax module's knobs set
+    to ``settings`` for the run; case names ``<op>/<label><case>``."""
+    from rlkernel.backends.triton import softmax
+
+    saved = {k: getattr(softmax, k) for k in settings}
+    records = []
+    try:
+        for k, value in settings.items():
+            setattr(softmax, k, value)
+        for name in ("softmax", "log_softmax"):
+            for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
+                rec["case"] = f"{name}/{label}{rec['case']}"
+                records.append(rec)
+    finally:
+        for k, value in saved.items():
+            setattr(softmax, k, value)
+    return records
+
+
 def run_split_checks() -> list[dict[str, Any]]:
     """softmax / log_softmax golden cases with split rows of few programs: 32-column tiles and
     three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
     the same split path with one tile per program); plus embedding's in-kernel id check and
     all_reduce's overflow count."""
-    from rlkernel.backends.triton import softmax
-
-    saved = (softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS)
-    records = []
-    try:
-        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = 32, 3
-        for name in ("softmax", "log_softmax"):
-            for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
-                rec["case"] = f"{name}/{rec['case']}"
-                records.append(rec)
-    finally:
-        softmax.MAX_BLOCK, softmax.SPLIT_PROGRAMS = saved
+    records = _softmax_golden_with({"MAX_BLOCK": 32, "SPLIT_PROGRAMS": 3}, "")
     records.append(_embedding_bad_id_check())
     records.append(_all_reduce_overflow_check())
     return records
@@ -499,22 +508,8 @@ def run_split_fused_checks() -> list[dict[str, Any]]:
     partial). The interpreter runs the programs one after another, so the first takes every ticket
     and no wait ever spins: this checks the tickets' order, the items' indexing and the bits; the
     waits between programs need a GPU."""
-    from rlkernel.backends.triton import softmax
-
-    knobs = ("MAX_BLOCK", "FUSED_SPLIT", "FUSED_ITEM_TILES", "FUSED_BATCH_BYTES")
-    saved = {k: getattr(softmax, k) for k in knobs}
-    records = []
-    try:
-        for k, value in zip(knobs, (32, True, 2, 2048)):
-            setattr(softmax, k, value)
-        for name in ("softmax", "log_softmax"):
-            for rec in run_op_checks(name, golden_only=True, limit_scale=0.25):
-                rec["case"] = f"{name}/fused/{rec['case']}"
-                records.append(rec)
-    finally:
-        for k, value in saved.items():
-            setattr(softmax, k, value)
-    return records
+    return _softmax_golden_with({"MAX_BLOCK": 32, "FUSED_SPLIT": True, "FUSED_ITEM_TILES": 2,
+                                 "FUSED_BATCH_BYTES": 2048}, "fused/")
 
 
 def _all_reduce_overflow_check(device: str = "cpu") -> dict[str, Any]:

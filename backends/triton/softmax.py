@@ -287,6 +287,14 @@ def split_plan(rows: int, n: int) -> tuple[int, int, int]:
     return tile, chunk, cdiv(n, chunk)
 
 
+def _partials(rows: int, parts: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split's per-(row, chunk) partials, written before they are read (no fill): max keys (int32),
+    int64 sums, non-finite flags (int32)."""
+    return (torch.empty((rows, parts), dtype=torch.int32, device=device),
+            torch.empty((rows, parts), dtype=torch.int64, device=device),
+            torch.empty((rows, parts), dtype=torch.int32, device=device))
+
+
 def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tensor:
     op = "log_softmax" if log else "softmax"
     out_dtype = x.dtype if dtype is None else dtype
@@ -308,9 +316,7 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         return out
     tile, chunk, parts = split_plan(rows, n)
     grid = (rows, parts)
-    keys = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
-    sums = torch.empty((rows, parts), dtype=torch.int64, device=x.device)
-    flags = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
+    keys, sums, flags = _partials(rows, parts, x.device)
     warps = SPLIT_WARPS if tile == SPLIT_TILE else 1
     _split_max_kernel[grid](x2, keys, n, x2.stride(0), chunk, parts, TILE=tile, num_warps=warps, **LAUNCH)
     _split_sum_kernel[grid](x2, keys, sums, flags, n, x2.stride(0), chunk, parts, TILE=tile, PART=PART_BLOCK,
@@ -344,9 +350,7 @@ def _launch_fused(x2: torch.Tensor, y2: torch.Tensor, n: int, log: bool, out_dty
     if 3 * rows * parts + 2 * programs >= 1 << 31:
         return False
     tile = min(SPLIT_TILE, MAX_BLOCK)
-    keys = torch.empty((rows, parts), dtype=torch.int32, device=device)
-    sums = torch.empty((rows, parts), dtype=torch.int64, device=device)
-    flags = torch.empty((rows, parts), dtype=torch.int32, device=device)
+    keys, sums, flags = _partials(rows, parts, device)
     state = torch.zeros(1 + 2 * rows, dtype=torch.int32, device=device)  # ticket, then the per-row counts
     _split_fused_kernel[(programs,)](x2, y2, keys, sums, flags, state, n, x2.stride(0), y2.stride(0), chunk, parts,
                                      rows, batch, LOG=log, OUT=OUT_CODE[out_dtype], TILE=tile, PART=PART_BLOCK,
