@@ -492,11 +492,11 @@ def _softmax_golden_with(settings: dict[str, Any], label: str) -> list[dict[str,
 
 
 def run_split_checks() -> list[dict[str, Any]]:
-    """softmax / log_softmax golden cases on the three-launch split (``FUSED_SPLIT`` off) with rows of
-    few programs: 32-column tiles and three programs wanted in all, so a program's chunk spans several
-    tiles (``small_tiles`` runs the default, one-launch split); plus embedding's in-kernel id check
-    and all_reduce's overflow count."""
-    records = _softmax_golden_with({"MAX_BLOCK": 32, "SPLIT_PROGRAMS": 3, "FUSED_SPLIT": False}, "")
+    """softmax / log_softmax golden cases with split rows of few programs: 32-column tiles and
+    three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
+    the same split path with one tile per program); plus embedding's in-kernel id check and
+    all_reduce's overflow count."""
+    records = _softmax_golden_with({"MAX_BLOCK": 32, "SPLIT_PROGRAMS": 3}, "")
     records.append(_embedding_bad_id_check())
     records.append(_all_reduce_overflow_check())
     return records

@@ -20,7 +20,7 @@ atomics), the launches read nothing on the host, so the op captures in CUDA grap
 are the contract's whatever ``S`` and the chunk: the max and the sum are exact integer
 reductions.
 
-``FUSED_SPLIT`` (on; off gives the three launches above) takes the three steps in one launch,
+``FUSED_SPLIT`` (off by default: no GPU has run it yet) takes the three steps in one launch,
 ``_split_fused_kernel``: the same partials, written by ordered work items over batches of rows so
 that a row's later reads of x come from L2; it zeroes one int32 word per row and step plus a ticket
 counter (one fill launch), and captures in CUDA graphs too.
@@ -52,9 +52,9 @@ PART_BLOCK = 128
 #: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
 NAN_KEY = 0x7FFFFFFF
 #: split rows in one launch (``_split_fused_kernel``: the three steps as ordered work items, a batch of
-#: rows at a time, so a row's second and third reads of x come from L2). Its waits are spin loops that
-#: only a GPU checks (the interpreter runs them one program at a time): tests/test_cuda_gpu.py
-FUSED_SPLIT = True
+#: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
+#: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
+FUSED_SPLIT = False
 #: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM (the
 #: kernel takes 64 registers a thread at 8 warps on sm_90, so four programs fill a SM's registers and
 #: keep ~32 KB of loads in flight there)
