@@ -17,6 +17,7 @@ Usage::
     python tools/sass_loops.py --op attention --case bf16_d128
     python tools/sass_loops.py --op attention --case bf16_d128 --const BLOCK_M=16 --const BLOCK_N=16 --warps 4
     python tools/sass_loops.py --op softmax --json out.json
+    python tools/sass_loops.py --op all --json all.json     # every CUDA static spec (minutes)
 
 ``--case`` keeps specs whose case name contains the string; ``--const NAME=VALUE`` overrides a
 constexpr (int, or True / False); ``--warps`` / ``--stages`` override the launch options.
@@ -134,7 +135,7 @@ def _value(text: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--op", action="append", required=True, help="op whose static specs to compile")
+    parser.add_argument("--op", action="append", required=True, help="op of the static specs ('all': every op)")
     parser.add_argument("--case", default="", help="keep specs whose case name contains this")
     parser.add_argument("--const", action="append", default=[], help="NAME=VALUE constexpr override")
     parser.add_argument("--warps", type=int, help="num_warps override")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict((c.split("=", 1)[0], _value(c.split("=", 1)[1])) for c in args.const)
     rows = []
     for op, case, fn, signature, constexprs, options in all_specs():
-        if op not in args.op or args.case not in case:
+        if ("all" not in args.op and op not in args.op) or args.case not in case:
             continue
         consts = dict(constexprs)
         for name, value in overrides.items():
