@@ -385,7 +385,7 @@ SMALL_TILE_ENTROPY_BACKWARD_CASES = ("specials_in_hidden_fp16", "non_contiguous"
 
 def run_tiling_checks() -> list[dict[str, Any]]:
     """The golden cases again with small tiles/blocks: looped (multi-tile) rows in rms_norm and
-    softmax, 16x16x32 GEMM tiles in linear/token_logprobs (more vocabulary ranges; linear's
+    softmax, 16x16x32 GEMM tiles in linear (token_logprobs' logits at ``LOGITS_TILE`` 16x32x32; linear's
     prefill path from M = 9, with K split over programs; token_logprobs_backward's products on it
     for a few cases of 10-14 tokens, in several token chunks and 4 x 32 coefficient tiles), 16x32
     (query x key) tiles in attention and in attention_backward's dS kernel. The bits must not move:
@@ -396,8 +396,10 @@ def run_tiling_checks() -> list[dict[str, Any]]:
 
     saved_logits = backward.LOGITS_BYTES, entropy.LOGITS_BYTES
     saved = (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-             attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M)
+             attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M,
+             linear.LOGITS_TILE)
     rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES = 32, 32, True, True
+    linear.LOGITS_TILE = (16, 32, 32, 1, 1)  # token_logprobs' chunks at their own tile (SMALL_TILES' is 16 x 16)
     # decode blocks through the matrix-unit kernels too (the other runs take attention_rows.py's)
     attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF = True, True
     linear.DECODE_MAX_M = 8  # M > 8 takes the prefill path (digit planes, split K over the fake 64 SMs) ...
@@ -422,7 +424,8 @@ def run_tiling_checks() -> list[dict[str, Any]]:
             records.append(rec)
     finally:
         (rms_norm.MAX_BLOCK, softmax.MAX_BLOCK, linear.SMALL_TILES, attention.SMALL_TILES,
-         attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M) = saved
+         attention_paged.SMALL_SPLITS, attention_paged.ROWS_OFF, linear.DECODE_MAX_M, linear.MID_MAX_M,
+         linear.LOGITS_TILE) = saved
         backward.LOGITS_BYTES, entropy.LOGITS_BYTES = saved_logits
     records.extend(run_sample_split_checks())
     return records

@@ -46,11 +46,22 @@ def _set(assignment: str) -> None:
     module = importlib.import_module(module_name)
     if not hasattr(module, attr):
         raise SystemExit(f"--set {assignment}: {module_name} has no attribute {attr}")
-    kind = type(getattr(module, attr))
+    current = getattr(module, attr)
+    kind = type(current)
     if kind is bool:  # bool("False") is True: spell the two values out
         if value not in ("True", "False"):
             raise SystemExit(f"--set {assignment}: {attr} is a bool; give True or False")
         setattr(module, attr, value == "True")
+        return
+    if current is None or kind is tuple:  # a tile, or a knob off by default: a Python literal
+        import ast
+
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"--set {assignment}: {attr} takes a Python literal, e.g. (128, 32, 64, 8, 3) "
+                             "or None") from None
+        setattr(module, attr, parsed)
         return
     setattr(module, attr, kind(value))
 

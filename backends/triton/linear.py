@@ -71,6 +71,11 @@ MID_FEW_WAVES = 2
 PREFILL_SPLIT_MIN_STEPS = 4
 #: (BLOCK_M, BLOCK_N) of the standalone finish kernel (4 warps)
 FINISH_TILE = (32, 64)
+#: ``logits`` (token_logprobs' and token_entropy's chunks) above DECODE_MAX_M rows: None takes the
+#: target's prefill tile; a (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tile replaces it, for a device
+#: run to compare (docs/bench/issue12-session27.md section 5: (128, 32, 64, 8, 3) spills a sixth as
+#: much on sm_90). Integer sums: no tile changes a bit
+LOGITS_TILE: tuple[int, int, int, int, int] | None = None
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -475,8 +480,10 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
             wd, _ = _digits(weight, ew, activation=False)
             vendor.digit_gemm_finish(xd, wd, ex, ew.contiguous(), None, y)
             return y
-    _launch_gemm(xd, ex, weight, weight, ew, None, y, k, _tiles(m, m <= DECODE_MAX_M, target),
-                 w_digits=False, finish=True, atomic=False, out_code=OUT_CODE[torch.float32])
+    decode = m <= DECODE_MAX_M
+    tile = LOGITS_TILE if LOGITS_TILE is not None and not decode else _tiles(m, decode, target)
+    _launch_gemm(xd, ex, weight, weight, ew, None, y, k, tile, w_digits=False, finish=True, atomic=False,
+                 out_code=OUT_CODE[torch.float32])
     return y
 
 
