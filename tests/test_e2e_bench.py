@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
-
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "e2e_bench.py"
+from tool_module import load_tool
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("e2e_bench", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("e2e_bench")
 
 
 def test_e2e_bench_tiny_on_cpu(tmp_path) -> None:

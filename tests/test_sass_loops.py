@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "sass_loops.py"
+from tool_module import load_tool
 
 SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
@@ -22,11 +19,7 @@ SASS = """
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sass_loops", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("sass_loops")
 
 
 def test_parse_drops_predicates_and_modifiers() -> None:
