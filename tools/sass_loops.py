@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from rlkernel.backends.cuda.static_checks import all_specs
 
-    overrides = dict((c.split("=", 1)[0], _value(c.split("=", 1)[1])) for c in args.const)
+    overrides = {name: _value(value) for name, value in (c.split("=", 1) for c in args.const)}
     rows = []
     for op, case, fn, signature, constexprs, options in all_specs():
         if ("all" not in args.op and op not in args.op) or args.case not in case:
