@@ -21,6 +21,14 @@ Usage::
 
 ``--case`` keeps specs whose case name contains the string; ``--const NAME=VALUE`` overrides a
 constexpr (int, or True / False); ``--warps`` / ``--stages`` override the launch options.
+
+By default every pointer and integer argument is compiled with the ``tt.divisibility`` 16 that a
+launch on 16-byte aligned tensors with sizes divisible by 16 gets from Triton's JIT (the model
+shapes: hidden sizes, vocabularies and K are multiples of 16), and ``--one NAME`` makes an integer
+argument the constant 1, as the JIT does for a unit stride (``--one stride_wk --one stride_yn``).
+``--unaligned`` compiles the static spec exactly as the static checks do (no divisibility): its
+loads are byte-wise and its registers and spills can differ a lot from what runs (the session-27
+survey read that variant; docs/bench/issue12-session28.md section 2).
 """
 
 from __future__ import annotations
@@ -112,13 +120,28 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         os.unlink(f.name)
 
 
+def runtime_spec(signature: dict[str, str], constexprs: dict[str, Any],
+                 ones: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, Any], tuple[str, ...]]:
+    """(signature, constexprs, aligned) of the launch-time specialisation: the arguments in ``ones``
+    (those of this signature) become the constant 1, every other non-constexpr argument is aligned
+    (divisible by 16)."""
+    signature, constexprs = dict(signature), dict(constexprs)
+    for name in (n for n in ones if n in signature):
+        if signature[name].startswith(("*", "constexpr")):
+            raise ValueError(f"--one {name}: a {signature[name]} argument, not an integer")
+        signature[name] = "constexpr"
+        constexprs[name] = 1
+    return signature, constexprs, tuple(n for n, t in signature.items() if t != "constexpr")
+
+
 def report(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], options: dict[str, Any],
-           arch: int = 90) -> dict[str, Any]:
-    """Compile one specialisation for ``sm_<arch>`` and report its usage and loops."""
+           arch: int = 90, aligned: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Compile one specialisation for ``sm_<arch>`` (``aligned`` arguments divisible by 16) and report
+    its usage and loops."""
     from rlkernel.backends.triton.compile import compile_for
 
     compiled = compile_for(fn, signature, constexprs, compiler="cuda", arch=arch, warp_size=32,
-                           options=dict(options, enable_fp_fusion=False))
+                           options=dict(options, enable_fp_fusion=False), aligned=aligned)
     sass = cuobjdump(compiled.asm["cubin"], "-sass")
     instructions = parse_sass(sass)
     usage = " ".join(w for line in cuobjdump(compiled.asm["cubin"], "--dump-resource-usage").splitlines()
@@ -140,12 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--const", action="append", default=[], help="NAME=VALUE constexpr override")
     parser.add_argument("--warps", type=int, help="num_warps override")
     parser.add_argument("--stages", type=int, help="num_stages override")
+    parser.add_argument("--one", action="append", default=[], help="integer argument equal to 1 (a unit stride)")
+    parser.add_argument("--unaligned", action="store_true",
+                        help="compile the static spec as it is (no divisibility, no --one)")
     parser.add_argument("--json", help="write the reports here")
     args = parser.parse_args(argv)
+    if args.unaligned and args.one:
+        raise SystemExit("--one needs the aligned (default) compile; drop --unaligned")
     from rlkernel.backends.cuda.static_checks import all_specs
 
     overrides = {name: _value(value) for name, value in (c.split("=", 1) for c in args.const)}
-    rows = []
+    rows: list[dict[str, Any]] = []
+    seen_ones: set[str] = set()
     for op, case, fn, signature, constexprs, options in all_specs():
         if ("all" not in args.op and op not in args.op) or args.case not in case:
             continue
@@ -159,15 +188,27 @@ def main(argv: list[str] | None = None) -> int:
             opts["num_warps"] = args.warps
         if args.stages:
             opts["num_stages"] = args.stages
+        sig, aligned = signature, ()
+        if not args.unaligned:
+            try:
+                sig, consts, aligned = runtime_spec(signature, consts, tuple(args.one))
+            except ValueError as e:
+                raise SystemExit(f"{op}/{case}: {e}") from None
+        ones = [n for n in args.one if n in signature]
+        seen_ones.update(ones)
         row = {"op": op, "case": case, "constexprs": {k: consts[k] for k in overrides}, "options": opts,
-               **report(fn, signature, consts, opts)}
+               "aligned": not args.unaligned, "ones": ones, **report(fn, sig, consts, opts, aligned=aligned)}
         rows.append(row)
-        print(f"{op}/{case} {row['constexprs']} {opts}: {row['instructions']} instructions; Triton's cubin "
+        how = "unaligned" if args.unaligned else "aligned" + "".join(f", {n}=1" for n in ones)
+        print(f"{op}/{case} {row['constexprs']} {opts} ({how}): {row['instructions']} instructions; Triton's cubin "
               f"{row['usage']}; ptxas -v again: {row['ptxas_v']}")
         for loop in row["loops"]:
             print(f"  loop {loop['range']}: {loop['instructions']} instr, matrix {loop['matrix']}, "
                   f"spills {loop['spill_stores']} st / {loop['spill_loads']} ld, shared {loop['shared_stores']} st / "
                   f"{loop['shared_loads']} ld, bar {loop['barriers']}; top {loop['top'][:8]}")
+    unused = set(args.one) - seen_ones
+    if unused:
+        raise SystemExit(f"--one {sorted(unused)}: no selected spec has such an argument")
     if not rows:
         raise SystemExit(f"no static spec of {args.op} matches case {args.case!r}")
     if args.json:

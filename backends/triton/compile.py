@@ -33,11 +33,14 @@ def triton_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> Any:
+def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
+                aligned: tuple[str, ...] = ()) -> Any:
     """A ``triton.compiler.ASTSource`` for ``fn`` in the format of the installed Triton.
 
     ``signature`` maps every argument name to a type string (``"*fp32"``, ``"i32"``) or
-    ``"constexpr"``; ``constexprs`` maps constexpr names to values.
+    ``"constexpr"``; ``constexprs`` maps constexpr names to values. ``aligned`` names arguments
+    (pointers, integers) given the ``tt.divisibility`` 16 a launch gets from 16-byte aligned
+    tensors and integers divisible by 16 (Triton >= 3.3 only; the static specs name none).
     """
     from triton.compiler import ASTSource
 
@@ -50,7 +53,10 @@ def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) 
         # constexpr as "constexpr"); constexpr values are keyed by argument-index tuples.
         sig = {n: signature[n] for n in names}
         consts = {(names.index(k),): v for k, v in constexprs.items()}
-        return ASTSource(fn, sig, consts)
+        attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+        return ASTSource(fn, sig, consts, attrs)
+    if aligned:
+        raise ValueError(f"aligned arguments need Triton >= 3.3 (this is {triton_version()})")
     # Triton 3.0-3.2: the signature lists the non-constexpr arguments by index; constants by index
     sig = {i: signature[n] for i, n in enumerate(names) if signature[n] != "constexpr"}
     consts = {names.index(k): v for k, v in constexprs.items()}
@@ -58,16 +64,17 @@ def make_source(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) 
 
 
 def compile_for(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], *, compiler: str,
-                arch: int | str, warp_size: int, options: dict[str, Any]) -> Any:
+                arch: int | str, warp_size: int, options: dict[str, Any], aligned: tuple[str, ...] = ()) -> Any:
     """``triton.compile`` of one specialisation for ``GPUTarget(compiler, arch, warp_size)``.
 
     ``options`` are Triton compile options (``num_warps``, ``num_stages``, ``enable_fp_fusion``);
-    every caller here passes ``enable_fp_fusion=False`` as the launches do (R1).
+    every caller here passes ``enable_fp_fusion=False`` as the launches do (R1); ``aligned`` as in
+    ``make_source``.
     """
     import triton
     from triton.backends.compiler import GPUTarget
 
-    src = make_source(fn, signature, constexprs)
+    src = make_source(fn, signature, constexprs, aligned)
     return triton.compile(src, target=GPUTarget(compiler, arch, warp_size), options=options)
 
 

@@ -10,8 +10,8 @@
 2. ``_linear_gemm_kernel``: a BLOCK_M x BLOCK_N tile of ``C = X @ Wt.T``. Per K step it loads the
    four x digit tiles and three weight digit tiles and runs the twelve ``tl.dot(int8, int8,
    out_dtype=int32)`` products into six int32 level accumulators (level a+b; |level sum| <=
-   3 * 64 * 64 per k, so int32 is exact for K chunks of 2**16), which are folded into one int64
-   accumulator ``sum_l level_l << 7l`` every ``K_CHUNK``. The epilogue rounds ``C * 2**(ex + ew -
+   3 * 64 * 64 per k, so int32 is exact for every K up to ``MAX_K``), which are folded into the
+   int64 ``C = sum_l level_l << 7l`` once, after the K loop. The epilogue rounds ``C * 2**(ex + ew -
    47)`` once to the output dtype (P3'; with a bias, to fp32, + bias, cast) or, for
    ``linear_partial``, stores the int64 ``C`` itself.
    Decode path (M <= 64, and M <= ``MID_MAX_M`` at the target's ``linear_mid`` or, with few output
@@ -53,10 +53,9 @@ SENTINEL = 1 << 20
 #: exponent of an all-zero row or an empty K-slice: below every real exponent (a MAX over shards ignores it)
 ZERO_EXP = -149
 _ZERO_EXP = tl.constexpr(ZERO_EXP)  # the same value inside the kernels
-#: |C| <= K * 2**47 < 2**63
+#: |C| <= K * 2**47 < 2**63; and each int32 level accumulator, at most three digit products of
+#: |d| <= 64 per k, stays exact over the whole K: 3 * 2**12 * MAX_K < 2**31
 MAX_K = (1 << 16) - 1
-#: int32 level accumulators are folded into int64 every K_CHUNK (3 * 2**12 * 2**16 < 2**31)
-K_CHUNK = 1 << 16
 #: rows of x at or below which the decode path (weights read as bf16, digits in registers) runs
 DECODE_MAX_M = 64
 #: rows of x at or below which (and above DECODE_MAX_M) the same kernel runs at the target's
@@ -133,7 +132,7 @@ def _ldexp_clamped(y, k):
 @triton.jit
 def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K, stride_wn, stride_wk,
                 W_DIGITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                K_CHUNK: tl.constexpr, k_lo, k_hi):
+                k_lo, k_hi):
     """The exact int64 tile ``C[rm, rn] = sum_k X[rm, k] Wt[rn, k]`` by twelve int8 digit products,
     over ``k`` in ``[k_lo, k_hi)`` (``[0, K)``, or a split-K program's slice).
 
@@ -145,50 +144,50 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
     x_rows = xd_ptr + rm[:, None].to(tl.int64) * K
     # the weight rows' grid factors 2**(20 - ew) in two steps, once per column of the tile
     ws1, ws2 = E.grid_scales(ew_safe)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
-    for kc in range(k_lo, k_hi, K_CHUNK):
-        l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        l5 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
-        for k0 in range(kc, tl.minimum(kc + K_CHUNK, k_hi), BLOCK_K):
-            kk = k0 + rk
-            k_ok = kk < K
-            xmask = m_ok[:, None] & k_ok[None, :]
-            xp = x_rows + kk[None, :]
-            a0 = tl.load(xp, mask=xmask, other=0)
-            a1 = tl.load(xp + x_plane, mask=xmask, other=0)
-            a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
-            a3 = tl.load(xp + 3 * x_plane, mask=xmask, other=0)
-            wmask = k_ok[:, None] & n_ok[None, :]
-            if W_DIGITS:
-                wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
-                b0 = tl.load(wp, mask=wmask, other=0)
-                b1 = tl.load(wp + w_plane, mask=wmask, other=0)
-                b2 = tl.load(wp + 2 * w_plane, mask=wmask, other=0)
-            else:
-                wt = E.upcast(tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + kk[:, None] * stride_wk,
-                                      mask=wmask, other=0.0))
-                # a live row is finite with |w| < 2**ew, so its grid values are below 2**20: the magic
-                # add alone rounds them; a non-finite row (sentinel) gives 0 whatever the arithmetic made
-                g = tl.where(w_live[None, :], E.grid_int_scaled(wt, ws1[None, :], ws2[None, :]), 0)
-                b0, b1, b2 = E.split3(g)
-            l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
-            l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
-            l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-            l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
-            l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
-            l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-            l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
-            l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
-            l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
-            l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
-            l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
-            l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
-        acc += l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-            + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
+    l0 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l1 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l2 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l3 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l4 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    l5 = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + rk
+        k_ok = kk < K
+        xmask = m_ok[:, None] & k_ok[None, :]
+        xp = x_rows + kk[None, :]
+        a0 = tl.load(xp, mask=xmask, other=0)
+        a1 = tl.load(xp + x_plane, mask=xmask, other=0)
+        a2 = tl.load(xp + 2 * x_plane, mask=xmask, other=0)
+        a3 = tl.load(xp + 3 * x_plane, mask=xmask, other=0)
+        wmask = k_ok[:, None] & n_ok[None, :]
+        if W_DIGITS:
+            wp = w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None]
+            b0 = tl.load(wp, mask=wmask, other=0)
+            b1 = tl.load(wp + w_plane, mask=wmask, other=0)
+            b2 = tl.load(wp + 2 * w_plane, mask=wmask, other=0)
+        else:
+            wt = E.upcast(tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + kk[:, None] * stride_wk,
+                                  mask=wmask, other=0.0))
+            # a live row is finite with |w| < 2**ew, so its grid values are below 2**20: the magic
+            # add alone rounds them; a non-finite row (sentinel) gives 0 whatever the arithmetic made
+            g = tl.where(w_live[None, :], E.grid_int_scaled(wt, ws1[None, :], ws2[None, :]), 0)
+            b0, b1, b2 = E.split3(g)
+        l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+        l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+        l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+        l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+        l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+        l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+        l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+        l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+        l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
+        l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+        l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
+        l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+    # one int64 fold after the K loop: |level| <= 3 * 64 * 64 * K < 2**31 for every K <= MAX_K, so the
+    # int32 levels are exact over the whole slice; the int64 tile is not live inside the loop
+    acc = l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
+        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
     return acc
 
 
@@ -208,8 +207,7 @@ def _out_tile(acc, ex, ew, x_live, w_live, OUT: tl.constexpr):
 def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
                         M, N, K, K_SPLIT, x_plane, w_plane, stride_wn, stride_wk, stride_ym, stride_yn,
                         W_DIGITS: tl.constexpr, FINISH: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        K_CHUNK: tl.constexpr):
+                        OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """A BLOCK_M x BLOCK_N tile of C over the K slice ``[pid_k * K_SPLIT, (pid_k + 1) * K_SPLIT)``:
     stored (FINISH: through the epilogue; else the int64 C) or, split-K (ATOMIC), added into the
     int64 output with integer atomics (exact in any order)."""
@@ -228,7 +226,7 @@ def _linear_gemm_kernel(xd_ptr, w_ptr, ex_ptr, ew_ptr, bias_ptr, y_ptr,
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
     acc = _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_live, K,
-                      stride_wn, stride_wk, W_DIGITS, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, k_lo, k_hi)
+                      stride_wn, stride_wk, W_DIGITS, BLOCK_M, BLOCK_N, BLOCK_K, k_lo, k_hi)
 
     y_ptrs = y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :] * stride_yn
     out_mask = m_ok[:, None] & n_ok[None, :]
@@ -362,7 +360,7 @@ def _launch_gemm(xd: torch.Tensor, ex: torch.Tensor, weight: torch.Tensor, wd: t
         xd, wd, ex, ew, bias if bias is not None else out, out,
         m, n, k, k_split, m * k, n * k, weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         W_DIGITS=w_digits, FINISH=finish, ATOMIC=atomic, HAS_BIAS=bias is not None, OUT=out_code,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, K_CHUNK=K_CHUNK, num_warps=warps, num_stages=stages, **LAUNCH)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, **LAUNCH)
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, ex_given: torch.Tensor | None, ew_given: torch.Tensor | None,
@@ -571,7 +569,7 @@ _GEMM_SIGNATURE = {"xd_ptr": "*i8", "ex_ptr": "*i64", "ew_ptr": "*i64", "M": "i3
                    "K_SPLIT": "i32", "x_plane": "i64", "w_plane": "i64", "stride_wn": "i64", "stride_wk": "i64",
                    "stride_ym": "i64", "stride_yn": "i64", "W_DIGITS": "constexpr", "FINISH": "constexpr",
                    "ATOMIC": "constexpr", "HAS_BIAS": "constexpr", "OUT": "constexpr", "BLOCK_M": "constexpr",
-                   "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_CHUNK": "constexpr"}
+                   "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
 
 
 def digits_spec(op: str, case: str, dt: str, *, has_e: bool, write: bool, bits: int):
@@ -589,7 +587,7 @@ def gemm_spec(op: str, case: str, w: str, y: str, tile: tuple[int, int, int, int
     bf16/fp16 weight), output type ``y``, tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     return (op, case, _linear_gemm_kernel, {**_GEMM_SIGNATURE, "w_ptr": w, "bias_ptr": y, "y_ptr": y},
             {"W_DIGITS": w_digits, "FINISH": finish, "ATOMIC": atomic, "HAS_BIAS": bias, "OUT": out,
-             "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2], "K_CHUNK": K_CHUNK},
+             "BLOCK_M": tile[0], "BLOCK_N": tile[1], "BLOCK_K": tile[2]},
             {"num_warps": tile[3], "num_stages": tile[4]})
 
 
