@@ -123,7 +123,7 @@ def _split_max_kernel(x_ptr, keys_ptr, n, x_row_stride, chunk, S, TILE: tl.const
 
 
 @triton.jit
-def _row_max_of_keys(keys_row, S, PART: tl.constexpr, CACHE: tl.constexpr = ""):
+def _row_max_of_keys(keys_row, S, PART: tl.constexpr, CACHE: tl.constexpr):
     """The row max (fp32; canonical NaN if any chunk held a NaN) from its S chunk keys (``CACHE``: the
     loads' cache modifier)."""
     ps = tl.arange(0, PART)
@@ -161,14 +161,14 @@ def _split_sum_kernel(x_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stride, chu
     bookkeeping (``_sum_code``: from the row max)."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
+    m = _row_max_of_keys(keys_ptr + row * S, S, PART, "")
     total, code = _chunk_sum(x_ptr + row * x_row_stride, m, s * chunk, chunk, n, TILE)
     tl.store(sums_ptr + row * S + s, total)
     tl.store(flags_ptr + row * S + s, code)
 
 
 @triton.jit
-def _row_sum(sums_row, flags_row, S, PART: tl.constexpr, CACHE: tl.constexpr = ""):
+def _row_sum(sums_row, flags_row, S, PART: tl.constexpr, CACHE: tl.constexpr):
     """``L`` of a row from its S partial sums (exact int64 addition) and flags."""
     ps = tl.arange(0, PART)
     tot = tl.zeros([PART], tl.int64)
@@ -182,7 +182,7 @@ def _row_sum(sums_row, flags_row, S, PART: tl.constexpr, CACHE: tl.constexpr = "
 
 @triton.jit
 def _chunk_out(x_row, y_row, m, big_l, start, chunk, n, LOG: tl.constexpr, OUT: tl.constexpr,
-               TILE: tl.constexpr, EVICT: tl.constexpr = ""):
+               TILE: tl.constexpr, EVICT: tl.constexpr):
     """The outputs of columns [start, start + chunk) of a row from its max and ``L`` (``EVICT``: the
     eviction policy of the last read of x and of the stores)."""
     log_l = E.log_c(big_l)
@@ -206,10 +206,10 @@ def _split_out_kernel(x_ptr, y_ptr, keys_ptr, sums_ptr, flags_ptr, n, x_row_stri
     """The chunk's outputs, ``L`` from the row's S partial sums (exact) and flags."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    m = _row_max_of_keys(keys_ptr + row * S, S, PART)
-    big_l = _row_sum(sums_ptr + row * S, flags_ptr + row * S, S, PART)
+    m = _row_max_of_keys(keys_ptr + row * S, S, PART, "")
+    big_l = _row_sum(sums_ptr + row * S, flags_ptr + row * S, S, PART, "")
     _chunk_out(x_ptr + row * x_row_stride, y_ptr + row * y_row_stride, m, big_l, s * chunk, chunk, n, LOG, OUT,
-               TILE)
+               TILE, "")
 
 
 @triton.jit
