@@ -173,6 +173,12 @@ def test_wgmma_digit_gemm_from_a_new_thread() -> None:
 
 
 def test_token_logprobs_memory_is_bounded() -> None:
+    """Never the [T, V] logits: the extra memory is one token chunk's fp32 logits (each freed before the
+    next is made), its hidden planes and O(T) integers (16 MiB allowed for both), and on sm_90 the
+    weight's digit planes made once for the chunks (``linear.logits_weight``: 3 bytes a weight
+    element, independent of T)."""
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton import token_logprobs as TL
     from rlkernel.backends.triton.targets import CUDA
     from rlkernel.backends.triton.token_logprobs import token_logprobs
 
@@ -188,8 +194,56 @@ def test_token_logprobs_memory_is_bounded() -> None:
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     logits_bytes = t * v * 4
-    assert extra < logits_bytes // 8, f"extra memory {extra} bytes vs fp32 logits {logits_bytes}"
+    chunk = TL._token_chunk(t, v)
+    planes = L.logits_planes(weight.device, v, h, chunk, -(-t // chunk), target=CUDA)  # on sm_90
+    bound = chunk * v * 4 + (3 * v * h if planes else 0) + (16 << 20)
+    assert extra < bound < logits_bytes, f"extra memory {extra} bytes vs bound {bound}, fp32 logits {logits_bytes}"
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("op", ["token_logprobs", "token_entropy"])
+def test_logits_weight_planes_made_once_equal_the_triton_gemm(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token chunks of more than 64 rows on sm_90 take the wgmma GEMM on the weight's digit planes made
+    once for the call (``linear.logits_weight``); the same bits as every chunk through the Triton GEMM
+    (digits made in registers: ``LOGITS_PLANES_MIN_CALLS`` out of reach) and as the device-generic
+    code on the GPU. Chunks of 128, 128 and 44 tokens (the last one on the decode tile), an odd
+    vocabulary, outlier channels, a NaN row, temperature 0.7."""
+    from rlkernel.backends.cuda import digit_gemm as D
+    from rlkernel.backends.generic import token_entropy as GE
+    from rlkernel.backends.generic import token_logprobs as GL
+    from rlkernel.backends.triton import linear as L
+    from rlkernel.backends.triton import token_entropy as TE
+    from rlkernel.backends.triton import token_logprobs as TL
+    from rlkernel.backends.triton.targets import CUDA
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma digit GEMM runs on sm_90 only")
+    monkeypatch.setenv(D.ENV, "1")
+    t, h, v = 300, 1024, 20001
+    monkeypatch.setattr(TL, "LOGITS_BUDGET", 128 * v * 4)  # 128-token chunks
+    assert TL._token_chunk(t, v) == 128
+    g = torch.Generator(device="cuda").manual_seed(11)
+    hidden = torch.randn(t, h, generator=g, device="cuda")
+    hidden[:, :4] *= 300.0
+    hidden[5, 7] = float("nan")
+    hidden = hidden.to(torch.bfloat16)
+    weight = (torch.randn(v, h, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    targets = torch.randint(0, v, (t,), generator=g, device="cuda")
+    wd, _ = L.logits_weight(weight, 128, 3, target=CUDA)
+    assert wd is not None and wd.shape == (3, v, h)
+    if op == "token_logprobs":
+        def run() -> torch.Tensor:
+            return TL.token_logprobs(hidden, weight, targets, 0.7, target=CUDA)
+        want = GL.token_logprobs(hidden, weight, targets, 0.7)
+    else:
+        def run() -> torch.Tensor:
+            return TE.token_entropy(hidden, weight, 0.7, target=CUDA)
+        want = GE.token_entropy(hidden, weight, 0.7)
+    got = run()
+    monkeypatch.setattr(L, "LOGITS_PLANES_MIN_CALLS", 1 << 30)
+    triton_only = run()
+    _assert_bitwise(triton_only, got, f"{op}: weight planes + wgmma vs the Triton GEMM")
+    _assert_bitwise(want, got, f"{op}: weight planes + wgmma vs the device-generic code")
 
 
 def _graph_replay(fn: Callable[[], torch.Tensor]) -> torch.Tensor:

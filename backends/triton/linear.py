@@ -75,6 +75,12 @@ FINISH_TILE = (32, 64)
 #: run to compare (docs/bench/issue12-session27.md section 5: (128, 32, 64, 8, 3) spills a sixth as
 #: much on sm_90). Integer sums: no tile changes a bit
 LOGITS_TILE: tuple[int, int, int, int, int] | None = None
+#: ``logits_weight``: from this many ``logits`` calls of one op (token chunks of more than
+#: DECODE_MAX_M rows), the weight's digit planes are made once for all of them where the vendor GEMM
+#: takes the chunks (sm_90 wgmma): one pass writing 3 bytes a weight element against, at Qwen3-8B's
+#: LM head, ~0.7 ms a 128-token chunk saved over the Triton kernel that digitises the bf16 weight in
+#: registers (docs/bench/issue12-session28.md section 3)
+LOGITS_PLANES_MIN_CALLS = 2
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -455,14 +461,16 @@ def _finish(acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor, bias: torch.T
 
 
 def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: TritonTarget,
-           out: torch.Tensor | None = None, planes: bool = False) -> torch.Tensor:
+           out: torch.Tensor | None = None, planes: bool = False, wd: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 [M, N] ``linear`` outputs (no bias) of x [M, K] and weight [N, K] (bf16/fp16) on the
     weight-row exponents ``ew`` int64 [N] (``linear_exponents``): the weight's digits are made in
     registers, so no weight planes are allocated (``token_logprobs`` calls this per token chunk).
     ``out``: an fp32 [M, N] tensor (any row stride, unit column stride) to write them into.
     ``planes``: where the target's vendor digit GEMM takes these rows (and ``out`` is contiguous),
     the weight's digit planes are made for this call (3 bytes a weight element) and the vendor GEMM
-    with its fp32 epilogue runs instead (the same integers and rounding: ``linear``'s)."""
+    with its fp32 epilogue runs instead (the same integers and rounding: ``linear``'s).
+    ``wd``: the weight's digit planes int8 [3, N, K] made once by the caller with ``ew``
+    (:func:`logits_weight`), read by the vendor GEMM where it takes these rows; elsewhere unused."""
     m, k = x.shape
     n = weight.shape[0]
     xd, ex = _digits(x)
@@ -472,10 +480,11 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
     y = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return y
-    if planes and m > DECODE_MAX_M and y.is_contiguous():
-        vendor = _vendor_gemm(target, x.device, k, n, m <= MID_MAX_M)
+    if (planes or wd is not None) and m > DECODE_MAX_M and y.is_contiguous():
+        vendor = _vendor_gemm(target, x.device, k, n, m <= MID_MAX_M, wd is not None)
         if vendor is not None:
-            wd, _ = _digits(weight, ew, activation=False)
+            if wd is None:
+                wd, _ = _digits(weight, ew, activation=False)
             vendor.digit_gemm_finish(xd, wd, ex, ew.contiguous(), None, y)
             return y
     decode = m <= DECODE_MAX_M
@@ -483,6 +492,26 @@ def logits(x: torch.Tensor, weight: torch.Tensor, ew: torch.Tensor, *, target: T
     _launch_gemm(xd, ex, weight, weight, ew, None, y, k, tile, w_digits=False, finish=True, atomic=False,
                  out_code=OUT_CODE[torch.float32])
     return y
+
+
+def logits_weight(weight: torch.Tensor, rows: int, calls: int, *,
+                  target: TritonTarget) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The weight operands of ``calls`` calls of :func:`logits` at up to ``rows`` rows each (a token
+    chunk): ``(wd, ew)``, the weight rows' exponents ``ew`` int64 [N] and, where the target's vendor
+    digit GEMM takes such rows and there are at least ``LOGITS_PLANES_MIN_CALLS`` calls, its digit
+    planes ``wd`` int8 [3, N, K] made once in the same pass (3 bytes a weight element: 1.87 GB for
+    Qwen3-8B's LM head), else None (every call's GEMM makes the weight's digits in registers)."""
+    n, k = weight.shape
+    if logits_planes(weight.device, n, k, rows, calls, target=target):
+        return _digits(weight, activation=False)
+    return None, _digits(weight, write=False, activation=False)[1]
+
+
+def logits_planes(device: torch.device, n: int, k: int, rows: int, calls: int, *, target: TritonTarget) -> bool:
+    """Whether :func:`logits_weight` makes the digit planes of an [n, k] weight on ``device`` for
+    ``calls`` calls of up to ``rows`` rows."""
+    return (calls >= LOGITS_PLANES_MIN_CALLS and rows > DECODE_MAX_M and n > 0 and k > 0
+            and _vendor_gemm(target, device, k, n, rows <= MID_MAX_M, True) is not None)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -6,7 +6,8 @@ per chunk
 
 - ``linear.logits``: the chunk's logits exactly as ``linear`` makes them (int8 digit products of
   the hidden rows' planes with the bf16/fp16 weight, its digits made in registers on the weight
-  rows' exponents of one pre-pass for the whole call), fp32;
+  rows' exponents of one pre-pass for the whole call, or read from its digit planes made once in
+  that pre-pass where the vendor GEMM takes the chunks: ``linear.logits_weight``), fp32;
 - ``_entropy_rows_kernel``, one program per token over its stored row: ``z = y ÷ fp32(tau)``
   (IEEE division), the R5 max as an integer order key plus a NaN flag, then ``d = z - m``,
   ``p = exp_c(d)``, ``g = RN32(p (-d))`` (0 where p = 0) and the two exact int64 sums
@@ -14,7 +15,7 @@ per chunk
   ``H = log_c(L) + RN32(Ubar ÷ L)`` with ``L``, ``Ubar`` rounded once each from ``S``, ``U``.
 
 Each logit is made once and read twice (max, then the sums). Extra memory: the chunk's logits, its
-hidden digit planes and O(T). The replaced torch path (the generic kernel) spent 154 ms on one
+hidden digit planes and O(T); with the vendor GEMM, the weight's digit planes (3 bytes a weight element). The replaced torch path (the generic kernel) spent 154 ms on one
 token of Qwen3-8B's head on an H100 (``docs/bench/h100-bench-all-bafe0b2.md``).
 """
 
@@ -29,7 +30,7 @@ from rlkernel.backends.generic import token_entropy as _generic
 
 from . import _tl_exact as E
 from . import linear as L
-from ._common import LAUNCH, f32_bits
+from ._common import LAUNCH, cdiv, f32_bits
 from .targets import TritonTarget
 from .token_logprobs import MAX_VOCAB, ROW_TILE, _token_chunk, row_max_key
 from .token_logprobs_backward import TritonSteps, coefficients_spec
@@ -92,13 +93,14 @@ def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     if t == 0:
         return out
     dispatch.note_kernel("triton-fused-int8")
-    _, ew = L._digits(weight, write=False)  # the weight rows' exponents, once for every chunk
     tau_bits = f32_bits(temperature)
     chunk = _token_chunk(t, v)
+    # the weight rows' exponents (and, where the vendor GEMM takes the chunks, its planes), once for every chunk
+    wd, ew = L.logits_weight(weight, min(chunk, t), cdiv(t, chunk), target=target)
     block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
     for t0 in range(0, t, chunk):
         rows = min(chunk, t - t0)
-        y = L.logits(hidden[t0:t0 + rows], weight, ew, target=target)  # [rows, V] fp32
+        y = L.logits(hidden[t0:t0 + rows], weight, ew, target=target, wd=wd)  # [rows, V] fp32
         _entropy_rows_kernel[(rows,)](y, y.stride(0), out, out, out, out, out, t0, v, tau_bits, STATS=False,
                                       BLOCK=block, num_warps=warps, **LAUNCH)
         del y  # the next chunk reuses its memory: one chunk of logits at a time

@@ -6,14 +6,17 @@ Per chunk:
 
 - ``linear.logits``: the chunk's logits exactly as ``linear`` makes them (int8 digit products
   of the hidden rows' digit planes with the bf16/fp16 weight, whose digits are made in
-  registers on the weight-row exponents of a pre-pass, so no weight planes exist), fp32;
+  registers on the weight-row exponents of a pre-pass; or, where the target's vendor GEMM takes
+  the chunks and there are several (``linear.logits_weight``: sm_90, more than 128 tokens at
+  Qwen3's vocabulary), with the weight's digit planes made once in that pre-pass), fp32;
 - ``_tlp_rows_kernel``, one program per token: ``z = y ÷ fp32(tau)`` (IEEE division); the R5
   max as an integer order key plus a NaN flag; then ``S = sum RNE(exp_c(z - m) * 2**40)`` in
   int64 and the target logit's bit pattern (an int32 sum: exactly one column holds it);
 - a finish kernel computes ``(z_t - m) - log_c(ldexp_c(int_to_fp32(S), -40))``.
 
 Each logit is computed once (the whole op runs both passes over the stored row, PHASE 3).
-Extra memory: the chunk's logits, its hidden digit planes and O(T) integers. The same kernels
+Extra memory: the chunk's logits, its hidden digit planes and O(T) integers; with the vendor GEMM,
+the weight's digit planes too (3 bytes a weight element, whatever T). The same kernels
 serve the vocabulary-sharded sub-ops ``token_logprobs_partial`` (PHASE 1, then PHASE 2 with the
 global max: the logits are made once per phase) and ``token_logprobs_finish``.
 """
@@ -147,9 +150,9 @@ class _Plan:
         self.v = weight.shape[0]
         self.hidden, self.weight = hidden, weight
         self.target = target
-        _, self.ew = L._digits(weight, write=False)
         self.tau_bits = f32_bits(temperature)
         self.chunk = _token_chunk(self.t, self.v)
+        self.wd, self.ew = L.logits_weight(weight, min(self.chunk, self.t), cdiv(self.t, self.chunk), target=target)
 
     def launch(self, phase: int, targets: torch.Tensor | None = None, m: torch.Tensor | None = None,
                vocab_start: int = 0) -> tuple[torch.Tensor, ...]:
@@ -169,7 +172,8 @@ class _Plan:
         block, warps = (32, 1) if L.SMALL_TILES else ROW_TILE
         for t0 in range(0, self.t, self.chunk):
             rows = min(self.chunk, self.t - t0)
-            y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew, target=self.target)  # [rows, V] fp32
+            y = L.logits(self.hidden[t0:t0 + rows], self.weight, self.ew, target=self.target,
+                         wd=self.wd)  # [rows, V] fp32
             _tlp_rows_kernel[(rows,)](
                 y, y.stride(0), tgt, m if m is not None else y, key if key is not None else any_out,
                 nan if nan is not None else any_out, s if s is not None else any_out,
