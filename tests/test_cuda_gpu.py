@@ -205,7 +205,7 @@ def test_token_logprobs_memory_is_bounded() -> None:
 def test_logits_weight_planes_made_once_equal_the_triton_gemm(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Token chunks of more than 64 rows on sm_90 take the wgmma GEMM on the weight's digit planes made
     once for the call (``linear.logits_weight``); the same bits as every chunk through the Triton GEMM
-    (digits made in registers: ``LOGITS_PLANES_MIN_CALLS`` out of reach) and as the device-generic
+    (digits made in registers: ``LOGITS_PLANES_MIN_CALLS`` None) and as the device-generic
     code on the GPU. Chunks of 128, 128 and 44 tokens (the last one on the decode tile), an odd
     vocabulary, outlier channels, a NaN row, temperature 0.7."""
     from rlkernel.backends.cuda import digit_gemm as D
@@ -219,6 +219,7 @@ def test_logits_weight_planes_made_once_equal_the_triton_gemm(op: str, monkeypat
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma digit GEMM runs on sm_90 only")
     monkeypatch.setenv(D.ENV, "1")
+    monkeypatch.setattr(L, "LOGITS_PLANES_MIN_CALLS", 2)  # on, whatever its default
     t, h, v = 300, 1024, 20001
     monkeypatch.setattr(TL, "LOGITS_BUDGET", 128 * v * 4)  # 128-token chunks
     assert TL._token_chunk(t, v) == 128
@@ -240,7 +241,7 @@ def test_logits_weight_planes_made_once_equal_the_triton_gemm(op: str, monkeypat
             return TE.token_entropy(hidden, weight, 0.7, target=CUDA)
         want = GE.token_entropy(hidden, weight, 0.7)
     got = run()
-    monkeypatch.setattr(L, "LOGITS_PLANES_MIN_CALLS", 1 << 30)
+    monkeypatch.setattr(L, "LOGITS_PLANES_MIN_CALLS", None)
     triton_only = run()
     _assert_bitwise(triton_only, got, f"{op}: weight planes + wgmma vs the Triton GEMM")
     _assert_bitwise(want, got, f"{op}: weight planes + wgmma vs the device-generic code")

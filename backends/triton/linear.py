@@ -79,8 +79,8 @@ LOGITS_TILE: tuple[int, int, int, int, int] | None = None
 #: DECODE_MAX_M rows), the weight's digit planes are made once for all of them where the vendor GEMM
 #: takes the chunks (sm_90 wgmma): one pass writing 3 bytes a weight element against, at Qwen3-8B's
 #: LM head, ~0.7 ms a 128-token chunk saved over the Triton kernel that digitises the bf16 weight in
-#: registers (docs/bench/issue12-session28.md section 3)
-LOGITS_PLANES_MIN_CALLS = 2
+#: registers (docs/bench/issue12-session28.md section 3); None: never
+LOGITS_PLANES_MIN_CALLS: int | None = 2
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -510,7 +510,8 @@ def logits_weight(weight: torch.Tensor, rows: int, calls: int, *,
 def logits_planes(device: torch.device, n: int, k: int, rows: int, calls: int, *, target: TritonTarget) -> bool:
     """Whether :func:`logits_weight` makes the digit planes of an [n, k] weight on ``device`` for
     ``calls`` calls of up to ``rows`` rows."""
-    return (calls >= LOGITS_PLANES_MIN_CALLS and rows > DECODE_MAX_M and n > 0 and k > 0
+    return (LOGITS_PLANES_MIN_CALLS is not None and calls >= LOGITS_PLANES_MIN_CALLS and rows > DECODE_MAX_M
+            and n > 0 and k > 0
             and _vendor_gemm(target, device, k, n, rows <= MID_MAX_M, True) is not None)
 
 
