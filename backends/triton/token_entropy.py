@@ -15,8 +15,9 @@ per chunk
   ``H = log_c(L) + RN32(Ubar ÷ L)`` with ``L``, ``Ubar`` rounded once each from ``S``, ``U``.
 
 Each logit is made once and read twice (max, then the sums). Extra memory: the chunk's logits, its
-hidden digit planes and O(T); with the vendor GEMM, the weight's digit planes (3 bytes a weight element). The replaced torch path (the generic kernel) spent 154 ms on one
-token of Qwen3-8B's head on an H100 (``docs/bench/h100-bench-all-bafe0b2.md``).
+hidden digit planes and O(T); with the vendor GEMM, the weight's digit planes (3 bytes a weight
+element). The replaced torch path (the generic kernel) spent 154 ms on one token of Qwen3-8B's head
+on an H100 (``docs/bench/h100-bench-all-bafe0b2.md``).
 """
 
 from __future__ import annotations
