@@ -72,8 +72,8 @@ PREFILL_SPLIT_MIN_STEPS = 4
 FINISH_TILE = (32, 64)
 #: ``logits`` (token_logprobs' and token_entropy's chunks) above DECODE_MAX_M rows: None takes the
 #: target's prefill tile; a (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tile replaces it, for a device
-#: run to compare (docs/bench/issue12-session27.md section 5: (128, 32, 64, 8, 3) spills a sixth as
-#: much on sm_90). Integer sums: no tile changes a bit
+#: run to compare ((128, 32, 64, 8, 3) was slower on an H100: token_logprobs T 256 7.70 against 5.52 ms
+#: of kernels, docs/bench/issue12-session28.md section 2). Integer sums: no tile changes a bit
 LOGITS_TILE: tuple[int, int, int, int, int] | None = None
 #: ``logits_weight``: from this many ``logits`` calls of one op (token chunks of more than
 #: DECODE_MAX_M rows), the weight's digit planes are made once for all of them where the vendor GEMM
