@@ -36,7 +36,8 @@ def test_only_backward_branches_are_loops() -> None:
 
 
 def test_a_real_kernel_on_sm90() -> None:
-    """softmax's split-max kernel: one loop over its tiles, no spills (compiled here, no GPU)."""
+    """softmax's split-max kernel: one loop over its tiles, no spills, as the static spec and at the launch's
+    specialisation (compiled here, no GPU)."""
     pytest.importorskip("triton")
     tool = _load()
     if not os.path.exists(tool._tool("cuobjdump")):
@@ -45,7 +46,23 @@ def test_a_real_kernel_on_sm90() -> None:
 
     (spec,) = [s for s in all_specs() if s[:2] == ("softmax", "fp32_split_max")]
     _, _, fn, signature, constexprs, options = spec
-    row = tool.report(fn, signature, constexprs, options)
-    assert "REG:" in row["usage"] and "STACK:0" in row["usage"]
-    assert row["loops"] and all(loop["spill_stores"] == 0 and loop["spill_loads"] == 0 for loop in row["loops"])
-    assert all(loop["instructions"] > 0 for loop in row["loops"])
+    sig, consts, aligned = tool.runtime_spec(signature, constexprs)
+    rows = (tool.report(fn, signature, constexprs, options), tool.report(fn, sig, consts, options, aligned=aligned))
+    for row in rows:
+        assert "REG:" in row["usage"] and "STACK:0" in row["usage"]
+        assert row["loops"] and all(loop["spill_stores"] == 0 and loop["spill_loads"] == 0 for loop in row["loops"])
+        assert all(loop["instructions"] > 0 for loop in row["loops"])
+
+
+def test_the_launch_specialisation() -> None:
+    """The default compile is the launch's: every non-constexpr argument aligned, ``--one`` arguments the
+    constant 1 (integers only)."""
+    tool = _load()
+    signature = {"x_ptr": "*fp32", "n": "i32", "stride": "i64", "BLOCK": "constexpr"}
+    sig, consts, aligned = tool.runtime_spec(signature, {"BLOCK": 64}, ("stride", "absent"))
+    assert sig == {"x_ptr": "*fp32", "n": "i32", "stride": "constexpr", "BLOCK": "constexpr"}
+    assert consts == {"BLOCK": 64, "stride": 1}
+    assert aligned == ("x_ptr", "n")
+    assert signature["stride"] == "i64"  # the caller's spec is not changed
+    with pytest.raises(ValueError, match="x_ptr"):
+        tool.runtime_spec(signature, {"BLOCK": 64}, ("x_ptr",))
