@@ -20,10 +20,11 @@ atomics), the launches read nothing on the host, so the op captures in CUDA grap
 are the contract's whatever ``S`` and the chunk: the max and the sum are exact integer
 reductions.
 
-``FUSED_SPLIT`` (off by default: no GPU has run it yet) takes the three steps in one launch,
-``_split_fused_kernel``: the same partials, written by ordered work items over batches of rows so
-that a row's later reads of x come from L2; it zeroes one int32 word per row and step plus a ticket
-counter (one fill launch), and captures in CUDA graphs too.
+``_split_fused_kernel`` takes the three steps in one launch: the same partials, written by ordered
+work items over batches of rows so that a row's later reads of x come from L2; it zeroes one int32
+word per row and step plus a ticket counter (one fill launch), and captures in CUDA graphs too. It
+runs for split batches of at most ``FUSED_SPLIT_ROWS`` rows (0 by default: its bits have not run on
+a GPU yet) and for every split batch with ``FUSED_SPLIT``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ NAN_KEY = 0x7FFFFFFF
 #: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
 #: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
 FUSED_SPLIT = False
+#: split batches of at most this many rows take the fused kernel whatever ``FUSED_SPLIT`` says (one
+#: launch instead of three is what a decode row needs: on an H100 at 4f3e37c, T 1 ran at 1.94 of native
+#: fused against 0.83 in three launches, T 64 at 0.93 against 1.11). 0 until a GPU has run its bits
+FUSED_SPLIT_ROWS = 0
 #: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM (the
 #: kernel takes 64 registers a thread at 8 warps on sm_90, so four programs fill a SM's registers and
 #: keep ~32 KB of loads in flight there)
@@ -312,7 +317,7 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
                                      BLOCK=block, num_warps=warps_for(block), **LAUNCH)
         return out
-    if FUSED_SPLIT and _launch_fused(x2, y2, n, log, out_dtype):
+    if (FUSED_SPLIT or rows <= FUSED_SPLIT_ROWS) and _launch_fused(x2, y2, n, log, out_dtype):
         return out
     tile, chunk, parts = split_plan(rows, n)
     grid = (rows, parts)
