@@ -492,6 +492,32 @@ def split3(v):
     return d0.to(tl.int8), d1.to(tl.int8), d2.to(tl.int8)
 
 
+@triton.jit
+def fold6(l0, l1, l2, l3, l4, l5):
+    """The exact int64 ``sum_k l_k * 128**k`` of six int32 digit-product levels."""
+    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) + (l3.to(tl.int64) << 21) \
+        + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
+
+
+@triton.jit
+def levels12(a0, a1, a2, a3, b0, b1, b2, l0, l1, l2, l3, l4, l5):
+    """Four int8 digits of A ``[M, K]`` times three of B ``[K, N]``: the twelve digit products added to
+    the six int32 levels (level k holds the products of digits i + j = k)."""
+    l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
+    l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
+    l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
+    l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
+    l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
+    l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
+    l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
+    l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
+    l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
+    l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
+    l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+    return l0, l1, l2, l3, l4, l5
+
+
 # --------------------------------------------------------------------------------------------
 # exp_c and log_c (R2, P6): the contract sequences, step for step
 # --------------------------------------------------------------------------------------------

@@ -54,37 +54,11 @@ PRODUCT_SMALL_TILE = (16, 16, 32, 1)
 
 
 @triton.jit
-def _fold6(l0, l1, l2, l3, l4, l5):
-    """The exact int64 ``sum_k l_k * 128**k`` of six int32 digit-product levels."""
-    return l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) + (l3.to(tl.int64) << 21) \
-        + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
-
-
-@triton.jit
-def _levels12(a0, a1, a2, a3, b0, b1, b2, l0, l1, l2, l3, l4, l5):
-    """Four int8 digits of A ``[M, K]`` times three of B ``[K, N]``: the twelve digit products added to
-    the six int32 levels (level k holds the products of digits i + j = k)."""
-    l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
-    l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
-    l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-    l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
-    l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
-    l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-    l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
-    l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
-    l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
-    l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
-    l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
-    l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
-    return l0, l1, l2, l3, l4, l5
-
-
-@triton.jit
 def _dot12(a0, a1, a2, a3, b0, b1, b2, BM: tl.constexpr, BN: tl.constexpr):
     """Exact int64 ``A @ B`` from four int8 digits of A ``[BM, K]`` and three of B ``[K, BN]``."""
     z = tl.zeros([BM, BN], tl.int32)
-    l0, l1, l2, l3, l4, l5 = _levels12(a0, a1, a2, a3, b0, b1, b2, z, z, z, z, z, z)
-    return _fold6(l0, l1, l2, l3, l4, l5)
+    l0, l1, l2, l3, l4, l5 = E.levels12(a0, a1, a2, a3, b0, b1, b2, z, z, z, z, z, z)
+    return E.fold6(l0, l1, l2, l3, l4, l5)
 
 
 @triton.jit
@@ -226,9 +200,9 @@ def _abw_product_kernel(x_ptr, w_ptr, y_ptr, sx_b, sx_m, sx_k, sw_b, sw_n, sw_k,
         w = E.upcast(tl.load(wp + kk[None, :] * sw_k, mask=n_ok[:, None] & k_ok[None, :], other=0.0))
         a0, a1, a2, a3 = E.split4(E.grid_int_bits(x, ex[:, None], 27))
         b0, b1, b2 = E.split3(E.grid_int_bits(w, ew[:, None], 20))
-        l0, l1, l2, l3, l4, l5 = _levels12(a0, a1, a2, a3, tl.trans(b0), tl.trans(b1), tl.trans(b2),
-                                           l0, l1, l2, l3, l4, l5)
-    c = _fold6(l0, l1, l2, l3, l4, l5)
+        l0, l1, l2, l3, l4, l5 = E.levels12(a0, a1, a2, a3, tl.trans(b0), tl.trans(b1), tl.trans(b2),
+                                            l0, l1, l2, l3, l4, l5)
+    c = E.fold6(l0, l1, l2, l3, l4, l5)
     # RN_OUT(m c 2**(ex + ew - 47 + ks)): c = hi 2**32 + lo, each limb times m exactly, one rounding
     hi = (c >> 32) * m_scale
     lo = (c & 4294967295) * m_scale

@@ -180,22 +180,10 @@ def _digit_tile(xd_ptr, x_plane, rm, m_ok, w_ptr, w_plane, rn, n_ok, ew_safe, w_
             # add alone rounds them; a non-finite row (sentinel) gives 0 whatever the arithmetic made
             g = tl.where(w_live[None, :], E.grid_int_scaled(wt, ws1[None, :], ws2[None, :]), 0)
             b0, b1, b2 = E.split3(g)
-        l0 = tl.dot(a0, b0, l0, out_dtype=tl.int32)
-        l1 = tl.dot(a0, b1, l1, out_dtype=tl.int32)
-        l1 = tl.dot(a1, b0, l1, out_dtype=tl.int32)
-        l2 = tl.dot(a0, b2, l2, out_dtype=tl.int32)
-        l2 = tl.dot(a1, b1, l2, out_dtype=tl.int32)
-        l2 = tl.dot(a2, b0, l2, out_dtype=tl.int32)
-        l3 = tl.dot(a1, b2, l3, out_dtype=tl.int32)
-        l3 = tl.dot(a2, b1, l3, out_dtype=tl.int32)
-        l3 = tl.dot(a3, b0, l3, out_dtype=tl.int32)
-        l4 = tl.dot(a2, b2, l4, out_dtype=tl.int32)
-        l4 = tl.dot(a3, b1, l4, out_dtype=tl.int32)
-        l5 = tl.dot(a3, b2, l5, out_dtype=tl.int32)
+        l0, l1, l2, l3, l4, l5 = E.levels12(a0, a1, a2, a3, b0, b1, b2, l0, l1, l2, l3, l4, l5)
     # one int64 fold after the K loop: |level| <= 3 * 64 * 64 * K < 2**31 for every K <= MAX_K, so the
     # int32 levels are exact over the whole slice; the int64 tile is not live inside the loop
-    acc = l0.to(tl.int64) + (l1.to(tl.int64) << 7) + (l2.to(tl.int64) << 14) \
-        + (l3.to(tl.int64) << 21) + (l4.to(tl.int64) << 28) + (l5.to(tl.int64) << 35)
+    acc = E.fold6(l0, l1, l2, l3, l4, l5)
     return acc
 
 
