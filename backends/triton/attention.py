@@ -67,6 +67,12 @@ _F64_KEYS = tl.constexpr(F64_KEYS)
 _OPAQUE_F64 = tl.constexpr(not E.interpreting())
 #: interpreter tests shrink the tiles
 SMALL_TILES = False
+#: rows of a prefill block whose sequences run past F64_KEYS keys (the chunked fp64 path, which keeps
+#: int64 sums beside the fp64 accumulators): None takes ``_tiles``' 32; 16 halves every accumulator
+#: (sm_90 at launch: 2 295 instructions and 23 spill operations per 192 DMMA in the key loop, against
+#: 3 491 and 259 per 384 DMMA at 32 rows; tools/sass_loops.py --case chunks). Each row's arithmetic is
+#: its own, so no choice changes a bit; which is faster needs a GPU (profile at 8k keys)
+CHUNKS_BLOCK_M: int | None = None
 
 
 @triton.jit
@@ -531,6 +537,9 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         scale = default_scale(d)
     group = hq // hkv
     bm, bn, bd, warps = _tiles(d, max_lq * group, target)
+    one_chunk = not target.attention_f64 or max_lk <= F64_KEYS
+    if not one_chunk and CHUNKS_BLOCK_M is not None and bm > 16:
+        bm = CHUNKS_BLOCK_M
     dummy = cu_q
     grid = (cdiv(max_lq * group, bm), n_seq, hkv)
     _attention_fwd_kernel[grid](
@@ -539,7 +548,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         table.stride(0) if table is not None else 0, block_size, d, group, f32_bits(scale),
         PAGED=paged, CAUSAL=causal, OUT=OUT_CODE[q.dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd,
-        F64=target.attention_f64, ONE_CHUNK=not target.attention_f64 or max_lk <= F64_KEYS,
+        F64=target.attention_f64, ONE_CHUNK=one_chunk,
         num_warps=warps, num_stages=target.attention_stages, **LAUNCH)
     return out
 
