@@ -413,6 +413,41 @@ def test_softmax_fused_split_equals_the_three_launch_split() -> None:
     assert done.returncode == 0 and "fused split: ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
 
 
+@pytest.mark.parametrize("rows", [None, 32, 16])
+def test_attention_past_f64_keys_equals_the_generic_backend(rows: int | None) -> None:
+    """Sequences of more than ``F64_KEYS`` keys run the chunked fp64 path (int64 sums every 4096 keys),
+    which no conformance case reaches: against the device-generic backend (conformance-checked against
+    the reference), at the default block rows and both ``CHUNKS_BLOCK_M`` values. A causal prefill of
+    4 700 tokens and 40 query tokens at the end of 9 000 keys (three chunks), GQA 8 / 2 heads, D 64,
+    with an attention-sink key, outlier channels and a zero V row."""
+    from rlkernel import ops
+    from rlkernel.backends.generic import attention as generic
+    from rlkernel.backends.triton import attention as A
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lq, lk = (4700, 40), (4700, 9000)
+    q = torch.randn(sum(lq), 8, 64, generator=g, device="cuda")
+    k = torch.randn(sum(lk), 2, 64, generator=g, device="cuda")
+    v = torch.randn(sum(lk), 2, 64, generator=g, device="cuda")
+    q[:, :, 3] *= 20.0  # outlier channels
+    k[:, :, 3] *= 8.0
+    k[0] = 6.0 * q[:8].mean(dim=(0, 1))  # a sink: every early query scores it high
+    k[lk[0]] = k[0]
+    v[5] = 0.0  # a zero V row among the allowed keys
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    cu_q = torch.tensor([0, lq[0], sum(lq)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, lk[0], sum(lk)], dtype=torch.int32, device="cuda")
+    assert max(lk) > A.F64_KEYS
+    want = generic.attention(q, k, v, cu_q, cu_k, None, True)
+    saved = A.CHUNKS_BLOCK_M
+    try:
+        if rows is not None:
+            A.CHUNKS_BLOCK_M = rows
+        _assert_bitwise(want, ops.attention(q, k, v, cu_q, cu_k, None, True), f"attention chunked, rows {rows}")
+    finally:
+        A.CHUNKS_BLOCK_M = saved
+
+
 def test_embedding_bad_id_is_a_value_error_on_the_gpu() -> None:
     """The id range check runs in the kernel (no host pre-check): the error still names the id."""
     from rlkernel import ops

@@ -68,11 +68,13 @@ _OPAQUE_F64 = tl.constexpr(not E.interpreting())
 #: interpreter tests shrink the tiles
 SMALL_TILES = False
 #: rows of a prefill block whose sequences run past F64_KEYS keys (the chunked fp64 path, which keeps
-#: int64 sums beside the fp64 accumulators): None takes ``_tiles``' 32; 16 halves every accumulator
-#: (sm_90 at launch: 2 295 instructions and 23 spill operations per 192 DMMA in the key loop, against
-#: 3 491 and 259 per 384 DMMA at 32 rows; tools/sass_loops.py --case chunks). Each row's arithmetic is
-#: its own, so no choice changes a bit; which is faster needs a GPU (profile at 8k keys)
-CHUNKS_BLOCK_M: int | None = None
+#: int64 sums beside the fp64 accumulators; None: ``_tiles``' 32). 16 halves every accumulator: on sm_90
+#: at launch 2 295 instructions and 23 spill operations per 192 DMMA in the key loop, against 3 491 and
+#: 259 per 384 DMMA at 32 rows (tools/sass_loops.py --case chunks), and on an H100 (c349312,
+#: tools/exp_attention_chunks.py) 8 192-token causal prefill 319.5 -> 118.6 ms, 6 144 181.3 -> 67.7 ms
+#: (the same bytes). The one-chunk path stays at 32 rows (16 was slower there: 2 048 tokens 6.34 -> 7.94
+#: ms). Each row's arithmetic is its own, so the block rows cannot change a bit
+CHUNKS_BLOCK_M: int | None = 16
 
 
 @triton.jit
@@ -588,5 +590,6 @@ def static_specs(target: TritonTarget):
     name, _, fn, sig, consts, _ = specs[0]
     specs.append((name, "bf16_d128_decode", fn, sig, dict(consts, BLOCK_M=16), options))
     if target.attention_f64:  # sequences of more than F64_KEYS keys: fp64 sums folded into int64 ones per chunk
-        specs.append((name, "bf16_d128_chunks", fn, sig, dict(consts, BLOCK_M=32, ONE_CHUNK=False), options))
+        specs.append((name, "bf16_d128_chunks", fn, sig, dict(consts, BLOCK_M=CHUNKS_BLOCK_M or 32, ONE_CHUNK=False),
+                      options))
     return specs
