@@ -77,12 +77,12 @@ FINISH_TILE = (32, 64)
 LOGITS_TILE: tuple[int, int, int, int, int] | None = None
 #: ``logits_weight``: from this many ``logits`` calls of one op (token chunks of more than
 #: DECODE_MAX_M rows), the weight's digit planes are made once for all of them where the vendor GEMM
-#: takes the chunks (sm_90 wgmma): one pass writing 3 bytes a weight element against, at Qwen3-8B's
-#: LM head, ~0.7 ms a 128-token chunk predicted saved over the Triton kernel that digitises the bf16
-#: weight in registers (docs/bench/issue12-session28.md section 3). None (never, the default) until
-#: a GPU has run it: its GPU test and the token_logprobs family's conformance with 2 are the next
-#: device call's (the same integers and rounding, so no bit can change)
-LOGITS_PLANES_MIN_CALLS: int | None = None
+#: takes the chunks (sm_90 wgmma): one pass writing 3 bytes a weight element (1.40 ms at Qwen3-8B's
+#: LM head), then every chunk on the wgmma kernel. H100 at c349312 (docs/bench/issue12-session29.md
+#: section 5): token_logprobs T 256 5.76 -> 5.42 ms, T 2048 41.0 -> 32.2 ms; token_entropy T 2048
+#: 40.7 -> 31.8 ms; the token_logprobs family's cuda conformance with it passed (87 of 87) and its GPU
+#: test too. None turns it off (the same integers and rounding either way, so no bit can change)
+LOGITS_PLANES_MIN_CALLS: int | None = 2
 
 #: tile configurations, warps, stages and split-K waves come from the backend's target
 #: (``targets.py``: ``linear_prefill``, ``linear_decode``, ``split_k_waves``)
@@ -488,7 +488,7 @@ def logits_weight(weight: torch.Tensor, rows: int, calls: int, *,
                   target: TritonTarget) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The weight operands of ``calls`` calls of :func:`logits` at up to ``rows`` rows each (a token
     chunk): ``(wd, ew)``, the weight rows' exponents ``ew`` int64 [N] and, where the target's vendor
-    digit GEMM takes such rows and there are at least ``LOGITS_PLANES_MIN_CALLS`` calls (opt-in), its digit
+    digit GEMM takes such rows and there are at least ``LOGITS_PLANES_MIN_CALLS`` calls (2; None: never), its digit
     planes ``wd`` int8 [3, N, K] made once in the same pass (3 bytes a weight element: 1.87 GB for
     Qwen3-8B's LM head), else None (every call's GEMM makes the weight's digits in registers)."""
     n, k = weight.shape

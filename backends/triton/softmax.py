@@ -23,8 +23,8 @@ reductions.
 ``_split_fused_kernel`` takes the three steps in one launch: the same partials, written by ordered
 work items over batches of rows so that a row's later reads of x come from L2; it zeroes one int32
 word per row and step plus a ticket counter (one fill launch), and captures in CUDA graphs too. It
-runs for split batches of at most ``FUSED_SPLIT_ROWS`` rows (0 by default: its bits have not run on
-a GPU yet) and for every split batch with ``FUSED_SPLIT``.
+runs for split batches of at most ``FUSED_SPLIT_ROWS`` rows (0 by default: it was nowhere faster on
+an H100) and for every split batch with ``FUSED_SPLIT``.
 """
 
 from __future__ import annotations
@@ -56,9 +56,12 @@ NAN_KEY = 0x7FFFFFFF
 #: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
 #: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
 FUSED_SPLIT = False
-#: split batches of at most this many rows take the fused kernel whatever ``FUSED_SPLIT`` says (one
-#: launch instead of three is what a decode row needs: on an H100 at 4f3e37c, T 1 ran at 1.94 of native
-#: fused against 0.83 in three launches, T 64 at 0.93 against 1.11). 0 until a GPU has run its bits
+#: split batches of at most this many rows take the fused kernel whatever ``FUSED_SPLIT`` says. 0: on
+#: an H100 at c349312 (tools/exp_softmax_rows.py, docs/bench/h100-softmax-rows-c349312.json) the
+#: three-launch split was as fast or faster at every T from 1 to 64, eager and under graphs (softmax
+#: T 1 0.0145 ms against the fused 0.0160, T 64 0.079 against 0.093); the fused form's T 1 win of
+#: the twenty-eighth round (1.94 of native against 0.83) was the host of that run, where three
+#: launches cost 60 us. Both forms gave the same bytes at every T there
 FUSED_SPLIT_ROWS = 0
 #: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM (the
 #: kernel takes 64 registers a thread at 8 warps on sm_90, so four programs fill a SM's registers and

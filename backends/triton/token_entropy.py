@@ -6,7 +6,7 @@ per chunk
 
 - ``linear.logits``: the chunk's logits exactly as ``linear`` makes them (int8 digit products of
   the hidden rows' planes with the bf16/fp16 weight, its digits made in registers on the weight
-  rows' exponents of one pre-pass for the whole call, or, opt-in, read from its digit planes made
+  rows' exponents of one pre-pass for the whole call, or read from its digit planes made
   once in that pre-pass where the vendor GEMM takes the chunks: ``linear.logits_weight``), fp32;
 - ``_entropy_rows_kernel``, one program per token over its stored row: ``z = y ÷ fp32(tau)``
   (IEEE division), the R5 max as an integer order key plus a NaN flag, then ``d = z - m``,

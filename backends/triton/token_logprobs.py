@@ -6,8 +6,8 @@ Per chunk:
 
 - ``linear.logits``: the chunk's logits exactly as ``linear`` makes them (int8 digit products
   of the hidden rows' digit planes with the bf16/fp16 weight, whose digits are made in
-  registers on the weight-row exponents of a pre-pass; or, opt-in (``linear.LOGITS_PLANES_MIN_CALLS``,
-  off until a GPU runs it), where the target's vendor GEMM takes the chunks and there are several
+  registers on the weight-row exponents of a pre-pass; or (``linear.LOGITS_PLANES_MIN_CALLS``, 2),
+  where the target's vendor GEMM takes the chunks and there are several
   (``linear.logits_weight``: sm_90, more than 128 tokens at Qwen3's vocabulary), with the weight's
   digit planes made once in that pre-pass), fp32;
 - ``_tlp_rows_kernel``, one program per token: ``z = y ÷ fp32(tau)`` (IEEE division); the R5
