@@ -20,7 +20,9 @@ per row), which must not move a bit; ``small_split``: softmax's split rows with 
 tiles, and embedding's id check; ``small_split_fused``: the same rows on the one-launch split
 (``FUSED_SPLIT``: ordered work items, batches of rows); and ``attention_paged_splits``: every
 ``attention_paged`` case and invariance with one key tile per split and the scores recomputed in
-pass 2 (many programs per sequence merged by integer atomics); ``small_tiles_<op>`` for the RL
+pass 2 (many programs per sequence merged by integer atomics); ``attention_chunks``: prefill on
+the chunked fp64 path (``F64_KEYS`` shrunk to 64 keys) against the generic backend, at 32- and
+16-row blocks; ``small_tiles_<op>`` for the RL
 reductions (2 x 16 tiles: many programs merged by int64 atomics).
 
 Interpreter limits (docs/cuda-backend.md, "Verification"), and how the kernels avoid them: bf16
@@ -559,6 +561,55 @@ def _embedding_bad_id_check() -> dict[str, Any]:
     return rec
 
 
+def run_attention_chunk_checks() -> list[dict[str, Any]]:
+    """``attention`` prefill on the chunked fp64 path (sequences longer than ``F64_KEYS`` keys: fp64
+    accumulators folded into int64 sums per chunk), which no conformance case reaches (it takes more
+    than 4 096 keys): ``F64_KEYS`` shrunk to 64 for the run, so 150 keys span three chunks, against
+    the generic backend; at the launcher's 32-row blocks and at ``CHUNKS_BLOCK_M`` 16. Causal, GQA 4 / 2
+    heads, D 32, two sequences (100 queries on 100 keys, 6 queries at the end of 150), an attention
+    sink, outlier channels and a zero V row."""
+    import triton.language as tl
+
+    from rlkernel.backends.generic import attention as generic
+    from rlkernel.backends.triton import attention as A
+    from rlkernel.backends.triton.targets import CUDA
+
+    g = torch.Generator().manual_seed(9)
+    lq, lk = (100, 6), (100, 150)
+    q = torch.randn(sum(lq), 4, 32, generator=g)
+    k = torch.randn(sum(lk), 2, 32, generator=g)
+    v = torch.randn(sum(lk), 2, 32, generator=g)
+    q[:, :, 3] *= 20.0
+    k[:, :, 3] *= 8.0
+    k[0] = 6.0 * q[:8].mean(dim=(0, 1))
+    k[lk[0]] = k[0]
+    v[5] = 0.0
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    cu_q = torch.tensor([0, lq[0], sum(lq)], dtype=torch.int32)
+    cu_k = torch.tensor([0, lk[0], sum(lk)], dtype=torch.int32)
+    want = generic.attention(q, k, v, cu_q, cu_k, None, True)
+    saved = (A.F64_KEYS, A._F64_KEYS, A.CHUNKS_BLOCK_M)
+    records = []
+    try:
+        A.F64_KEYS, A._F64_KEYS = 64, tl.constexpr(64)
+        for rows in (None, 16):
+            A.CHUNKS_BLOCK_M = rows
+            rec: dict[str, Any] = {"case": f"attention/chunked_rows{rows or 32}", "op": "attention",
+                                   "kind": "golden"}
+            t0 = time.monotonic()
+            try:
+                got = A.attention(q, k, v, cu_q, cu_k, None, True, target=CUDA)
+                same = torch.equal(want.view(torch.int16), got.view(torch.int16))
+                rec.update(status="pass" if same else "fail", detail="" if same else "bytes differ from generic")
+            except Exception as exc:  # reported as the record's error, as run_op_checks does
+                rec.update(status="error", detail=f"{type(exc).__name__}: {exc}")
+            rec["seconds"] = time.monotonic() - t0
+            records.append(rec)
+    finally:
+        A.F64_KEYS, A._F64_KEYS, A.CHUNKS_BLOCK_M = saved
+    return records
+
+
 def run_paged_split_checks() -> list[dict[str, Any]]:
     """``attention_paged``'s golden, adversarial and invariance cases with one key tile per split
     (many programs per sequence, merged by the integer atomics) and the scores recomputed in pass 2
@@ -635,6 +686,8 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
             out[name] = run_split_checks()
         elif name == "small_split_fused":
             out[name] = run_split_fused_checks()
+        elif name == "attention_chunks":
+            out[name] = run_attention_chunk_checks()
         elif name.startswith("small_tiles_"):
             out[name] = run_rl_tiling_checks(name.removeprefix("small_tiles_"))
         else:
@@ -651,7 +704,7 @@ def run_all(modules: list[str]) -> dict[str, list[dict[str, Any]]]:
 # --------------------------------------------------------------------------------------------
 
 OPS = (["primitives"] + cuda_contract_modules() + ["small_tiles", "small_split", "small_split_fused",
-                                                    "attention_paged_splits"]
+                                                    "attention_paged_splits", "attention_chunks"]
        + [f"small_tiles_{op}" for op in RL_TILED])
 
 
