@@ -59,7 +59,9 @@ def token_entropy(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     """Entropy of each token's next-token distribution: ``H_t = -sum_v p_tv log p_tv``.
 
     ``p_t = softmax(hidden_t @ weight.T / temperature)``: the entropy RL trainers log and
-    regularise (verl's ``entropy_coeff``), without the ``[T, V]`` logits in memory.
+    regularise (verl's ``entropy_coeff``), without the ``[T, V]`` logits in memory (on sm_90 a
+    call of more than one 128-token chunk holds the weight's int8 digit planes for its duration:
+    3 bytes a weight element, independent of T, as :func:`rlkernel.ops.token_logprobs` does).
 
     Parameters
     ----------

@@ -118,7 +118,10 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     Notes
     -----
     Non-contiguous inputs are read through contiguous copies. The [T, V] logits are never
-    held whole: the backend works on bounded token x vocabulary blocks. Differentiable in
+    held whole: the backend works on bounded token x vocabulary blocks. On sm_90 (the cuda
+    backend's wgmma digit GEMM), a call of more than one 128-token chunk also holds the
+    weight's int8 digit planes for its duration (3 bytes a weight element, independent of T:
+    1.87 GB for Qwen3-8B's LM head), as the backward does. Differentiable in
     ``hidden`` and ``weight``: ``backward()`` runs :func:`token_logprobs_backward` (the LM
     head's gradient per sequence unit of :mod:`rlkernel.grads`, summed exactly); see
     :class:`TokenLogprobsFunction`.
