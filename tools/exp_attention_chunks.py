@@ -2,12 +2,12 @@
 
 Not part of the product. Sequences longer than ``F64_KEYS`` keys run the chunked path (fp64
 accumulators folded into int64 sums every 4 096 keys), which spills more at 32 rows than the
-one-chunk path (``CHUNKS_BLOCK_M`` in backends/triton/attention.py). For causal prefill of one
-Qwen3-8B-shaped sequence (32 query heads, 8 KV heads, D 128, bf16; ``rlkernel bench``'s inputs) at
-T = 2 048 (one chunk: the reference point) and past it, times ``attention`` with the launcher's
-tile and with ``CHUNKS_BLOCK_M = 16`` (``triton.testing.do_bench``, median) next to SDPA flash as
-the bench calls it, and checks that both tiles give the same bytes (each row's arithmetic is its
-own). Writes JSON::
+one-chunk path (``CHUNKS_BLOCK_M`` in backends/triton/attention.py, 16 since c349312's run of this
+tool). For causal prefill of one Qwen3-8B-shaped sequence (32 query heads, 8 KV heads, D 128, bf16;
+``rlkernel bench``'s inputs) at T = 2 048 (one chunk: the reference point) and past it, times
+``attention`` at 32-row blocks (the c349312 JSON calls them ``launcher``) and at 16
+(``triton.testing.do_bench``, median) next to SDPA flash as the bench calls it, and checks that both
+tiles give the same bytes (each row's arithmetic is its own). Writes JSON::
 
     python tools/exp_attention_chunks.py OUT.json [T ...]
 """
@@ -42,15 +42,16 @@ def main() -> None:
         row["native_ms"] = float(triton.testing.do_bench(lambda: contract._sdpa_varlen_prefill(**args),
                                                          warmup=5, rep=50, return_mode="median"))
         outputs = {}
-        for label, bm in (("launcher", None), ("rows16", 16)):
+        saved = A.CHUNKS_BLOCK_M
+        for label, bm in (("rows32", None), ("rows16", 16)):  # None: _tiles' 32 rows
             A.CHUNKS_BLOCK_M = bm
             outputs[label] = ops.attention(**args)
             ms = float(triton.testing.do_bench(lambda: ops.attention(**args), warmup=1, rep=50,
                                                return_mode="median"))
             row[f"{label}_ms"] = ms
             row[f"{label}_ratio"] = row["native_ms"] / ms
-        A.CHUNKS_BLOCK_M = None
-        row["bitwise_equal"] = bool(torch.equal(outputs["launcher"].view(torch.int16),
+        A.CHUNKS_BLOCK_M = saved
+        row["bitwise_equal"] = bool(torch.equal(outputs["rows32"].view(torch.int16),
                                                 outputs["rows16"].view(torch.int16)))
         rows.append(row)
         print(json.dumps(row), flush=True)
