@@ -370,7 +370,6 @@ def _fused_split_check() -> None:
     from rlkernel.contracts import log_softmax as cl
     from rlkernel.contracts import softmax as cs
 
-    S.FUSED_SPLIT_ROWS = 0  # the baseline is the three-launch split at every row count
     g = torch.Generator(device="cuda").manual_seed(11)
     for rows, n, dtype in ((256, 151936, torch.float32), (64, 151936, torch.bfloat16), (3, 5000, torch.float16),
                            (1, 151936, torch.float32), (1000, 4097, torch.float32), (37, 40000, torch.bfloat16)):

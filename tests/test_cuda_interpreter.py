@@ -501,7 +501,7 @@ def run_split_checks() -> list[dict[str, Any]]:
     three programs wanted in all, so a program's chunk spans several tiles (``small_tiles`` runs
     the same split path with one tile per program); plus embedding's in-kernel id check and
     all_reduce's overflow count."""
-    records = _softmax_golden_with({"MAX_BLOCK": 32, "SPLIT_PROGRAMS": 3, "FUSED_SPLIT_ROWS": 0}, "")
+    records = _softmax_golden_with({"MAX_BLOCK": 32, "SPLIT_PROGRAMS": 3}, "")
     records.append(_embedding_bad_id_check())
     records.append(_all_reduce_overflow_check())
     return records

@@ -1,11 +1,11 @@
 """Where the one-launch softmax split stops paying: native vs three-launch vs fused, by row count.
 
 For T rows of Qwen3's vocabulary (fp32, ``4 * randn`` as ``rlkernel bench``'s softmax cases), times
-``torch.softmax`` / ``torch.log_softmax`` and rlkernel's two split forms (``FUSED_SPLIT_ROWS = 0``:
-three launches; ``FUSED_SPLIT = True``: one) with ``triton.testing.do_bench`` (median, eager, as the
-bench times) and as CUDA-graph replays, and checks that the two forms give equal bytes (the
-conformance suite is the check against the reference). ``FUSED_SPLIT_ROWS`` is set from this table:
-the largest T where the fused form is faster eager.
+``torch.softmax`` / ``torch.log_softmax`` and rlkernel's two split forms (``FUSED_SPLIT`` False:
+three launches; True: one) with ``triton.testing.do_bench`` (median, eager, as the bench times) and
+as CUDA-graph replays (``profile_gpu._graph_ms``), and checks that the two forms give equal bytes
+(the conformance suite is the check against the reference). At c349312 the fused form was nowhere
+faster (docs/bench/h100-softmax-rows-c349312.json).
 
 Usage (on the GPU machine, staged as tools/device_run.sh does)::
 
@@ -16,27 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_gpu import _graph_ms  # noqa: E402  (a sibling tool: the CUDA-graph replay median)
+
 VOCAB = 151936
-
-
-def _graph_ms(fn: Callable[[], torch.Tensor]) -> float:
-    """Median ms of replaying one captured call (20 replays a sample, as do_bench takes samples)."""
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm: compile and allocate outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return float(triton.testing.do_bench(graph.replay, return_mode="median"))
 
 
 def _measure(rows: int, log: bool) -> dict[str, object]:
@@ -50,15 +38,16 @@ def _measure(rows: int, log: bool) -> dict[str, object]:
     ours = (lambda: S.log_softmax(x)) if log else (lambda: S.softmax(x))
     row: dict[str, object] = {"op": "log_softmax" if log else "softmax", "rows": rows}
     row["native_ms"] = float(triton.testing.do_bench(native, return_mode="median"))
-    row["native_graph_ms"] = _graph_ms(native)
+    row["native_graph_ms"] = _graph_ms(native)[0]
     outputs = {}
     for form, fused in (("split", False), ("fused", True)):
-        S.FUSED_SPLIT, S.FUSED_SPLIT_ROWS = fused, 0
+        S.FUSED_SPLIT = fused
         outputs[form] = ours().clone()
         row[f"{form}_ms"] = float(triton.testing.do_bench(ours, return_mode="median"))
-        row[f"{form}_graph_ms"] = _graph_ms(ours)
+        row[f"{form}_graph_ms"] = _graph_ms(ours)[0]
         row[f"{form}_ratio"] = row["native_ms"] / row[f"{form}_ms"]
-        row[f"{form}_graph_ratio"] = row["native_graph_ms"] / row[f"{form}_graph_ms"]
+        graphs = row["native_graph_ms"], row[f"{form}_graph_ms"]  # None where a capture failed
+        row[f"{form}_graph_ratio"] = graphs[0] / graphs[1] if None not in graphs else None
     S.FUSED_SPLIT = False
     a, b = outputs["split"], outputs["fused"]
     row["bitwise_equal"] = bool(torch.equal(a.view(torch.int32), b.view(torch.int32)))

@@ -23,8 +23,7 @@ reductions.
 ``_split_fused_kernel`` takes the three steps in one launch: the same partials, written by ordered
 work items over batches of rows so that a row's later reads of x come from L2; it zeroes one int32
 word per row and step plus a ticket counter (one fill launch), and captures in CUDA graphs too. It
-runs for split batches of at most ``FUSED_SPLIT_ROWS`` rows (0 by default: it was nowhere faster on
-an H100) and for every split batch with ``FUSED_SPLIT``.
+runs with ``FUSED_SPLIT`` (off: it was nowhere faster on an H100).
 """
 
 from __future__ import annotations
@@ -53,16 +52,11 @@ PART_BLOCK = 128
 #: key of a chunk holding a NaN: above every real key (+inf is 0x7F800000)
 NAN_KEY = 0x7FFFFFFF
 #: split rows in one launch (``_split_fused_kernel``: the three steps as ordered work items, a batch of
-#: rows at a time, so a row's second and third reads of x come from L2). Off until a GPU has run it:
-#: its waits are spin loops that only a GPU can check (the interpreter runs them one program at a time)
+#: rows at a time, so a row's second and third reads of x come from L2). Off: its bits passed on an H100
+#: (c349312: conformance and the GPU test), but it was nowhere faster there, at T 256 / 2048 (4f3e37c)
+#: nor at T 1-64 (c349312, tools/exp_softmax_rows.py: softmax T 1 0.0160 ms against 0.0145 in three
+#: launches, T 64 0.093 against 0.079); its T 1 win of the twenty-eighth round was that run's host
 FUSED_SPLIT = False
-#: split batches of at most this many rows take the fused kernel whatever ``FUSED_SPLIT`` says. 0: on
-#: an H100 at c349312 (tools/exp_softmax_rows.py, docs/bench/h100-softmax-rows-c349312.json) the
-#: three-launch split was as fast or faster at every T from 1 to 64, eager and under graphs (softmax
-#: T 1 0.0145 ms against the fused 0.0160, T 64 0.079 against 0.093); the fused form's T 1 win of
-#: the twenty-eighth round (1.94 of native against 0.83) was the host of that run, where three
-#: launches cost 60 us. Both forms gave the same bytes at every T there
-FUSED_SPLIT_ROWS = 0
 #: fused: tiles of SPLIT_TILE columns per work item, x bytes of a batch of rows, programs per SM (the
 #: kernel takes 64 registers a thread at 8 warps on sm_90, so four programs fill a SM's registers and
 #: keep ~32 KB of loads in flight there)
@@ -320,7 +314,7 @@ def _launch(x: torch.Tensor, dtype: torch.dtype | None, log: bool) -> torch.Tens
         _softmax_row_kernel[(rows,)](x2, y2, n, x2.stride(0), y2.stride(0), LOG=log, OUT=OUT_CODE[out_dtype],
                                      BLOCK=block, num_warps=warps_for(block), **LAUNCH)
         return out
-    if (FUSED_SPLIT or rows <= FUSED_SPLIT_ROWS) and _launch_fused(x2, y2, n, log, out_dtype):
+    if FUSED_SPLIT and _launch_fused(x2, y2, n, log, out_dtype):
         return out
     tile, chunk, parts = split_plan(rows, n)
     grid = (rows, parts)
