@@ -158,6 +158,22 @@ class Steps:
             s_int += to_fixed(exp_c(z[:, v0:v0 + vs] - m0.unsqueeze(1)), zero, F_SUM).sum(dim=-1)
         return m, s_int
 
+    def token_terms(self, z: torch.Tensor, m: torch.Tensor, s_int: torch.Tensor,
+                    local_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(finite, m0, total, a_y)`` per token row of logits z fp32 [r, V] from its max ``m`` fp32 [r]
+        and exact sum ``s_int`` int64 [r] (``local_y`` int64 [r]: the target's column, outside [0, V)
+        when it lies in another shard; its logit is then read from the clamped column and a_y unused):
+        ``finite = isfinite(m)``, ``m0 = m`` where finite else 0, ``total = L = RN32(S 2**-40)`` (1 on
+        non-finite rows), ``a_y = RN32(RN32((S - RNE(p_y 2**40)) 2**-40) / L)`` with
+        ``p_y = exp_c(RN32(z_y - m0))``: the target's coefficient before the gradient's scale."""
+        finite = torch.isfinite(m)
+        m0 = torch.where(finite, m, 0.0)
+        total = torch.where(finite, scale_pow2(int64_to_f32(s_int), torch.full_like(s_int, -F_SUM)), 1.0)
+        p_y = exp_c(z.gather(1, local_y.clamp(0, z.shape[1] - 1).view(-1, 1)).view(-1) - m0)
+        zero = torch.zeros((), dtype=torch.int64, device=z.device)
+        a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
+        return finite, m0, total, a_y
+
     def coefficients(self, z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor,
                      s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor, vs: int,
                      columns: tuple[torch.Tensor, torch.Tensor] | None,
@@ -179,6 +195,17 @@ class Steps:
         """int64 [K]: the exponents of the columns of t [N, K] (the rows of ``t.T`` as ``linear``'s
         ``_exponents`` gives them: ZERO_EXP for all-zero, SENTINEL for columns holding NaN/inf)."""
         return _exponents(t.T)
+
+    def finish_hidden(self, hi: torch.Tensor, lo: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
+                      out: torch.Tensor) -> None:
+        """``out`` [M, N] (bf16/fp16, contiguous rows of d_hidden) ``= RN_out((hi 2**32 + lo) 2**(ex + ew - 47))``,
+        one rounding, NaN on sentinel rows/columns: d_hidden's rows from their two exact int64 words."""
+        out.copy_(_finish_wide(hi, lo, ex, ew, out.dtype))
+
+    def maxima_exponents(self, colmax: torch.Tensor, colbad: torch.Tensor) -> torch.Tensor:
+        """int64 [V]: the exponents of the rows of c.T from the running maxima of pass A (colmax fp32 [V],
+        colbad bool [V]): ZERO_EXP for all-zero, SENTINEL for non-finite."""
+        return _column_exponents(colmax, colbad)
 
     def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """fp32 [M, N] ``RN32(acc * 2**(ex + ew - 47))``, one rounding, NaN on sentinel rows/columns
@@ -288,24 +315,18 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     vc = max(1, min(v, work // (32 * h), work // (8 * 5 * tc)))
     vs = max(1, min(v, work // (_E_BYTES * tc)))
     vch = max(1, min(v, VOCAB_CHUNK, work // (8 * (h + 2 * tc))))
-    zero = torch.zeros((), dtype=torch.int64, device=dev)
     for t0 in range(0, t, tc):
         t1 = min(t0 + tc, t)
         z = torch.empty((t1 - t0, v), dtype=torch.float32, device=dev)
         steps.fill_logits(z, hidden[t0:t1], weight, vc, tau)
         if row_max is None or sum_int is None:
             m, s_int = steps.row_stats(z, vs)
-            finite = torch.isfinite(m)
-            m0 = torch.where(finite, m, 0.0)
         else:
-            finite = torch.isfinite(row_max[t0:t1])
-            m0 = torch.where(finite, row_max[t0:t1], 0.0)
-            s_int = sum_int[t0:t1]
-            bad = bad | (finite.unsqueeze(1) & ~(z <= m0.unsqueeze(1))).any()
-        total = torch.where(finite, scale_pow2(int64_to_f32(s_int), torch.full_like(s_int, -F_SUM)), 1.0)
+            m, s_int = row_max[t0:t1], sum_int[t0:t1]
         y = targets[t0:t1] - vocab_start  # the target's column in this shard (outside [0, v): another shard's)
-        p_y = exp_c(z.gather(1, y.clamp(0, v - 1).view(-1, 1)).view(-1) - m0)
-        a_y = _target_coef(s_int - to_fixed(p_y, zero, F_SUM), p_y, total)
+        finite, m0, total, a_y = steps.token_terms(z, m, s_int, y)
+        if row_max is not None and sum_int is not None:
+            bad = bad | (finite.unsqueeze(1) & ~(z <= m0.unsqueeze(1))).any()
         s = s_all[t0:t1]
         own_ex = out.ex is not None or (need_hidden and ew is not None and given_ex is None)
         c, c_ex = steps.coefficients(z, m0, total, a_y, s, y, finite, vs,
@@ -329,7 +350,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
             if out.hi is not None and out.lo is not None:
                 out.hi[t0:t1], out.lo[t0:t1] = hi, lo
             elif out.d_hidden is not None:
-                out.d_hidden[t0:t1] = _finish_wide(hi, lo, ex, ew, dtype)
+                steps.finish_hidden(hi, lo, ex, ew, out.d_hidden[t0:t1])
     if row_max is not None and sum_int is not None and bool(bad):  # only a shard's check reads the device
         raise ValueError("token_logprobs_backward_partial: row_max is below a logit of this shard (or a logit is NaN "
                          "while row_max is finite); pass the R5 max over all shards of token_logprobs_partial's "
@@ -337,7 +358,7 @@ def _core(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, target
     if out.ex is not None or not need_weight:
         return out
 
-    ec = _column_exponents(colmax, colbad)
+    ec = steps.maxima_exponents(colmax, colbad)
     eh = steps.column_exponents(hidden)
     # with the coefficients kept, a block is one product (the backend's scale applies); else every block
     # recomputes its logits per token chunk, whose size shrinks as the block grows

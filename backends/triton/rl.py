@@ -11,8 +11,8 @@ rounds the merged state once and divides by fp32(denominator or count), or write
 canonical partial. Three launches (zero-fill, rows, finish), no host read of device values, so
 the launchers can be captured in a CUDA graph. ``group_advantages`` is one launch: a program owns
 whole groups. ``masked_mean_backward``: zero-fill, a counts kernel (c_b and the totals by int64
-atomics), a write kernel. Merging given ``partials`` and the PPO backward run the device-generic
-torch code.
+atomics), a write kernel. Merging given ``partials`` is the finish kernel over their rows (slot-wise
+int64 sums, one launch); the PPO backward runs the device-generic torch code.
 """
 
 from __future__ import annotations
@@ -184,10 +184,20 @@ def _rows_kernel(x_ptr, old_ptr, adv_ptr, m_ptr, buf_ptr, B, T, cols_per_split, 
 
 
 @triton.jit
-def _finish_kernel(buf_ptr, out_ptr, den_bits, has_den, PARTIAL: tl.constexpr):
-    """One program: the canonical partial (int64 [21]) or ``RN32(S) ÷ fp32(denominator or count)``."""
+def _finish_kernel(buf_ptr, n_rows, out_ptr, den_bits, has_den, PARTIAL: tl.constexpr):
+    """One program: the canonical partial (int64 [21]) or ``RN32(S) ÷ fp32(denominator or count)`` of the
+    ``n_rows`` states at ``buf_ptr`` (int64 [n_rows, 21]): the row kernels' one atomic buffer as it is,
+    or partials of micro-batches to merge, each made canonical first and then summed slot-wise (the
+    generic ``superacc.merge``: fewer than 2**46 canonical states keep every limb sum below 2**62, the
+    bound of ``normalize``'s carry ripple)."""
     idx = tl.arange(0, 32)[None, :]
-    s = tl.load(buf_ptr + idx, mask=idx < 21, other=0)
+    if n_rows == 1:
+        s = tl.load(buf_ptr + idx, mask=idx < 21, other=0)
+    else:
+        s = tl.zeros((1, 32), tl.int64)
+        for k in range(n_rows):
+            row = tl.load(buf_ptr + k * 21 + idx, mask=idx < 21, other=0)
+            s += tl.where(idx < 17, S.normalize(tl.where(idx < 17, row, 0)), row)
     if PARTIAL:
         canon = S.normalize(tl.where(idx < 17, s, 0))
         tl.store(out_ptr + idx, tl.where(idx < 17, canon, s), mask=idx < 21)
@@ -236,8 +246,28 @@ def _reduce(x: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float |
         out = torch.empty(21, dtype=torch.int64, device=dev)
     else:
         out = torch.empty((), dtype=torch.float32, device=dev)
-    _finish_kernel[(1,)](buf, out, f32_bits(denominator if denominator is not None else 1.0),
+    _finish(buf, 1, out, denominator, partial)
+    return out
+
+
+def _finish(states: torch.Tensor, n_rows: int, out: torch.Tensor, denominator: float | None, partial: bool) -> None:
+    """Launch ``_finish_kernel`` over ``n_rows`` int64 states [n_rows, 21] (contiguous) into ``out``."""
+    _finish_kernel[(1,)](states, n_rows, out, f32_bits(denominator if denominator is not None else 1.0),
                          int(denominator is not None), PARTIAL=partial, num_warps=1, **LAUNCH)
+
+
+def _merge(partials: torch.Tensor | Sequence[torch.Tensor], denominator: float | None,
+           partial: bool) -> torch.Tensor:
+    """Merged partials [K, 21] (slot-wise int64 sums in the finish kernel, one launch): the canonical
+    partial, or its mean."""
+    states = (partials if isinstance(partials, torch.Tensor)
+              else torch.cat([p.reshape(-1, 21) for p in partials])).reshape(-1, 21).contiguous()
+    dev = states.device
+    if partial:
+        out = torch.empty(21, dtype=torch.int64, device=dev)
+    else:
+        out = torch.empty((), dtype=torch.float32, device=dev)
+    _finish(states, states.shape[0], out, denominator, partial)
     return out
 
 
@@ -261,7 +291,7 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     partial : bool
         Return the canonical int64 [21] partial.
     partials : Tensor int64 [K, 21] or sequence of [21], optional
-        Merged (and finished unless ``partial``) by the device-generic code.
+        Merged (and finished unless ``partial``) by the finish kernel: slot-wise integer sums.
 
     Returns
     -------
@@ -276,8 +306,7 @@ def masked_mean(x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     or count), NaN canonical. Independent of the tiling and of the atomic order.
     """
     if partials is not None:
-        dispatch.note_kernel(GENERIC_VARIANT)
-        return _generic.masked_mean(partials=partials, mode=mode, denominator=denominator, partial=partial)
+        return _merge(partials, denominator, partial)
     if x is None or mask is None:
         raise ValueError("masked_mean: give x and mask, or partials")
     _check_mode("masked_mean", mode)
@@ -537,6 +566,7 @@ def static_specs(target):
     for op in ("masked_mean", "ppo_loss"):
         for partial in (False, True):
             specs.append((op, f"finish_{'partial' if partial else 'mean'}", _finish_kernel,
-                          {"buf_ptr": "*i64", "out_ptr": "*i64" if partial else "*fp32", "den_bits": "i32",
+                          {"buf_ptr": "*i64", "n_rows": "i32", "out_ptr": "*i64" if partial else "*fp32",
+                           "den_bits": "i32",
                            "has_den": "i32", "PARTIAL": "constexpr"}, {"PARTIAL": partial}, {"num_warps": 1}))
     return specs

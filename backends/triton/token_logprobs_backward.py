@@ -51,7 +51,7 @@ from rlkernel.backends.generic import token_logprobs_backward as _generic
 
 from . import _tl_exact as E
 from . import linear as L
-from ._common import LAUNCH, cdiv, f32_bits
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits
 from .targets import TritonTarget
 from .token_logprobs import ROW_TILE, _tlp_rows_kernel
 
@@ -61,6 +61,12 @@ COEF_TILE = (16, 256, 4)
 COEF_SMALL_TILE = (4, 32, 1)
 #: (BLOCK_R, BLOCK_K) of the coefficient-digit kernel
 DIGIT_TILE = (32, 64)
+#: token rows per program of the per-token terms (finite, m0, L, a_y)
+TOKEN_BLOCK = 128
+#: rows or columns per program of the grid exponents from their maxima
+EXPONENT_BLOCK = 512
+#: (BLOCK_M, BLOCK_N) of d_hidden's finish from its two int64 words
+FINISH_TILE = (16, 128)
 #: (BLOCK_R, BLOCK_C) of the column maxima of W / h (64 rows a slot: 2374 slots of H for Qwen3's vocabulary)
 COLUMN_TILE = (64, 128)
 
@@ -122,6 +128,71 @@ def _tlb_coefficients_kernel(z_ptr, stride_z, c_ptr, m_ptr, total_ptr, ay_ptr, s
         row_slots = pid_v.to(tl.int64) * R + rr
         tl.store(rowmax_ptr + row_slots, tl.max(mag, axis=1), mask=r_ok)
         tl.store(rowbad_ptr + row_slots, tl.max(bad, axis=1), mask=r_ok)
+
+
+@triton.jit
+def _tlb_tokens_kernel(z_ptr, stride_z, m_ptr, sint_ptr, y_ptr, finite_ptr, m0_ptr, total_ptr, ay_ptr, R, V,
+                       BLOCK: tl.constexpr):
+    """Per token row of logits z (fp32, row stride ``stride_z``): ``finite = isfinite(m)``, ``m0`` (m, or 0
+    where not finite), ``total = L = RN32(S 2**-40)`` (1 where not finite) and the target's
+    ``a_y = RN32(RN32((S - RNE(p_y 2**40)) 2**-40) / L)``, ``p_y = exp_c(RN32(z[y] - m0))``, the column
+    ``y`` clamped to [0, V) (a target in another shard: a_y unused there). The generic
+    ``Steps.token_terms``' torch operations (~150 launches a token chunk) in one launch."""
+    rr = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = rr < R
+    m = tl.load(m_ptr + rr, mask=ok, other=0.0)
+    s_int = tl.load(sint_ptr + rr, mask=ok, other=0)
+    y = tl.load(y_ptr + rr, mask=ok, other=0)
+    finite = E.is_finite(m)
+    m0 = tl.where(finite, m, 0.0)
+    total = tl.where(finite, E.from_fixed(s_int, 0, 40), 1.0)
+    col = tl.minimum(tl.maximum(y, 0), V - 1)
+    z_y = tl.load(z_ptr + rr.to(tl.int64) * stride_z + col, mask=ok, other=0.0)
+    p_y = E.exp_c(z_y - m0)
+    rest = s_int - E.to_fixed(p_y, 0, 40)
+    a_y = tl.math.div_rn(E.from_fixed(rest, 0, 40), total)
+    tl.store(finite_ptr + rr, finite.to(tl.int8), mask=ok)
+    tl.store(m0_ptr + rr, m0, mask=ok)
+    tl.store(total_ptr + rr, total, mask=ok)
+    tl.store(ay_ptr + rr, a_y, mask=ok)
+
+
+@triton.jit
+def _tlb_exponents_kernel(max_ptr, bad_ptr, e_ptr, C, BLOCK: tl.constexpr):
+    """The grid exponents of C rows or columns from their maxima: ``max_ptr`` the max finite ``|t|``
+    (int32 bits), ``bad_ptr`` nonzero where one holds NaN/inf. ``e`` with ``2**(e-1) <= max < 2**e``,
+    ``ZERO_EXP`` (-149) for a zero max, ``SENTINEL`` (2**20) for a non-finite one: the generic
+    ``_column_exponents`` in one launch."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < C
+    a = tl.load(max_ptr + cols, mask=ok, other=0)
+    bad = tl.load(bad_ptr + cols, mask=ok, other=0)
+    e = tl.where(a == 0, -149, E.expo_from_abs_bits(a))
+    e = tl.where(bad != 0, 1048576, e)
+    tl.store(e_ptr + cols, e.to(tl.int64), mask=ok)
+
+
+@triton.jit
+def _tlb_finish_hidden_kernel(hi_ptr, lo_ptr, ex_ptr, ew_ptr, y_ptr, M, N, OUT: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """d_hidden's rows from the two exact int64 words of their sums: ``y = RN_OUT((hi 2**32 + lo)
+    2**(ex + ew - 47))`` in one rounding (``int2_to_out``), NaN where the row's ``ex`` or the column's
+    ``ew`` is the sentinel; hi, lo [M, N] int64 and y [M, N] contiguous."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    mask = m_ok[:, None] & n_ok[None, :]
+    offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+    hi = tl.load(hi_ptr + offs, mask=mask, other=0)
+    lo = tl.load(lo_ptr + offs, mask=mask, other=0)
+    ex = tl.load(ex_ptr + rm, mask=m_ok, other=0)
+    ew = tl.load(ew_ptr + rn, mask=n_ok, other=0)
+    bad = (ex == 1048576)[:, None] | (ew == 1048576)[None, :]
+    k = tl.where(ex == 1048576, 0, ex)[:, None] + tl.where(ew == 1048576, 0, ew)[None, :] - 47
+    y = E.int2_to_out(hi, lo, 32, k, OUT)
+    y = tl.where(bad, E.canonical_nan_f32(y), y)
+    tl.store(y_ptr + offs, E.cast_out(y, OUT), mask=mask)
 
 
 @triton.jit
@@ -219,6 +290,20 @@ class TritonSteps(_generic.Steps):
                                PHASE=3, BLOCK=block, num_warps=warps, **LAUNCH)
         return m, s_int
 
+    def token_terms(self, z: torch.Tensor, m: torch.Tensor, s_int: torch.Tensor,
+                    local_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        r, v = z.shape
+        dev = z.device
+        finite = torch.empty(r, dtype=torch.bool, device=dev)
+        m0, total, a_y = (torch.empty(r, dtype=torch.float32, device=dev) for _ in range(3))
+        if r and v:
+            _tlb_tokens_kernel[(cdiv(r, TOKEN_BLOCK),)](
+                z, z.stride(0), m.contiguous(), s_int.contiguous(), local_y.contiguous(), finite.view(torch.int8),
+                m0, total, a_y, r, v, BLOCK=TOKEN_BLOCK, num_warps=4, **LAUNCH)
+        elif r:  # no vocabulary columns (V = 0): the generic steps (nothing to gather)
+            return super().token_terms(z, m, s_int, local_y)
+        return finite, m0, total, a_y
+
     def coefficients(self, z: torch.Tensor, m0: torch.Tensor, total: torch.Tensor, a_y: torch.Tensor,
                      s: torch.Tensor, local_y: torch.Tensor, finite: torch.Tensor, vs: int,
                      columns: tuple[torch.Tensor, torch.Tensor] | None,
@@ -254,7 +339,7 @@ class TritonSteps(_generic.Steps):
             columns[1].logical_or_(colbad.amax(dim=0) != 0)
         if not row_exponents:
             return c, None
-        return c, _generic._column_exponents(rowmax.amax(dim=0).view(torch.float32), rowbad.amax(dim=0) != 0)
+        return c, grid_exponents(rowmax.amax(dim=0), rowbad.amax(dim=0))
 
     def column_exponents(self, t: torch.Tensor) -> torch.Tensor:
         r, c = t.shape
@@ -266,11 +351,36 @@ class TritonSteps(_generic.Steps):
         colbad = torch.empty_like(colmax)
         _tlb_column_max_kernel[(cdiv(r, br), cdiv(c, bc))](t, r, c, colmax, colbad, BLOCK_R=br, BLOCK_C=bc,
                                                            num_warps=4, **LAUNCH)
-        return _generic._column_exponents(colmax.amax(dim=0).view(torch.float32), colbad.amax(dim=0) != 0)
+        return grid_exponents(colmax.amax(dim=0), colbad.amax(dim=0))
+
+    def finish_hidden(self, hi: torch.Tensor, lo: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor,
+                      out: torch.Tensor) -> None:
+        m, n = out.shape
+        if m and n:
+            bm, bn = FINISH_TILE
+            _tlb_finish_hidden_kernel[(cdiv(m, bm), cdiv(n, bn))](
+                hi, lo, ex.contiguous(), ew.contiguous(), out, m, n, OUT=OUT_CODE[out.dtype], BLOCK_M=bm, BLOCK_N=bn,
+                num_warps=4, **LAUNCH)
+
+    def maxima_exponents(self, colmax: torch.Tensor, colbad: torch.Tensor) -> torch.Tensor:
+        # fp32 >= 0: the bits are what the coefficient kernel's slots hold
+        return grid_exponents(colmax.view(torch.int32), colbad.to(torch.int32))
 
     def finish(self, acc: torch.Tensor, ex: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         # C_BITS + O_BITS == X_BITS + W_BITS (47) and the same sentinel: linear_finish's kernel is this rounding
         return L.linear_finish(acc, ex, ew, None, torch.float32)
+
+
+def grid_exponents(top: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """int64 [C]: the grid exponents of C rows or columns from ``top`` (int32 [C], the bits of each one's
+    max finite ``|t|``) and ``bad`` (int32 [C], nonzero where one holds NaN/inf), by
+    ``_tlb_exponents_kernel`` (the generic ``_column_exponents``' rule)."""
+    n = top.shape[0]
+    e = torch.empty(n, dtype=torch.int64, device=top.device)
+    if n:
+        _tlb_exponents_kernel[(cdiv(n, EXPONENT_BLOCK),)](top.contiguous(), bad.contiguous(), e, n,
+                                                          BLOCK=EXPONENT_BLOCK, num_warps=4, **LAUNCH)
+    return e
 
 
 def coefficient_digits(x: torch.Tensor, ex: torch.Tensor) -> torch.Tensor:
@@ -332,6 +442,17 @@ def static_specs(target: TritonTarget):
          {"c_ptr": "*fp32", "stride_r": "i64", "stride_k": "i64", "e_ptr": "*i64", "d_ptr": "*i8", "R": "i32",
           "K": "i32", "plane": "i64", "BLOCK_R": "constexpr", "BLOCK_K": "constexpr"},
          {"BLOCK_R": DIGIT_TILE[0], "BLOCK_K": DIGIT_TILE[1]}),
+        ("token_logprobs_backward", "d_hidden_finish_bf16", _tlb_finish_hidden_kernel,
+         {"hi_ptr": "*i64", "lo_ptr": "*i64", "ex_ptr": "*i64", "ew_ptr": "*i64", "y_ptr": "*bf16", "M": "i32",
+          "N": "i32", "OUT": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"},
+         {"OUT": 1, "BLOCK_M": FINISH_TILE[0], "BLOCK_N": FINISH_TILE[1]}),
+        ("token_logprobs_backward", "grid_exponents", _tlb_exponents_kernel,
+         {"max_ptr": "*i32", "bad_ptr": "*i32", "e_ptr": "*i64", "C": "i32", "BLOCK": "constexpr"},
+         {"BLOCK": EXPONENT_BLOCK}),
+        ("token_logprobs_backward", "token_terms", _tlb_tokens_kernel,
+         {"z_ptr": "*fp32", "stride_z": "i64", "m_ptr": "*fp32", "sint_ptr": "*i64", "y_ptr": "*i64",
+          "finite_ptr": "*i8", "m0_ptr": "*fp32", "total_ptr": "*fp32", "ay_ptr": "*fp32", "R": "i32", "V": "i32",
+          "BLOCK": "constexpr"}, {"BLOCK": TOKEN_BLOCK}),
     ] + [coefficients_spec("token_logprobs_backward", cols, rows, False) for cols in (True, False)
          for rows in (True, False)]
 

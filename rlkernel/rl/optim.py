@@ -100,10 +100,10 @@ def grad_norm(parameters: torch.Tensor | Iterable[torch.Tensor], group: Any = No
     if not partials:
         return 0.0
     device = partials[0].device
-    total = merge_partials([p.to(device) for p in partials])
+    parts = [p.to(device) for p in partials]
     if group is not None:
-        total = merge_partials([all_reduce_partial(total.clone(), group)])
-    s = float(finish_partials([total], denominator=1.0))  # RN32(exact sum) / 1
+        parts = [all_reduce_partial(merge_partials(parts).clone(), group)]
+    s = float(finish_partials(parts, denominator=1.0))  # RN32(exact sum) / 1: the merge is the finish's own
     if s != s or s == float("inf"):
         return s
     n, d = s.as_integer_ratio()
