@@ -2,8 +2,9 @@
 on Triton kernels (the product's path) against the device-generic torch code they replace.
 
 The "generic" side patches, for this process only, ``TritonSteps.token_terms`` / ``maxima_exponents`` /
-``finish_hidden`` back to the generic ``Steps`` methods and the Triton ``masked_mean``'s partials merge
-back to ``backends/generic/rl.py`` (what the product ran before these kernels). Both sides are the same
+``finish_hidden`` back to the generic ``Steps`` methods, the Triton ``masked_mean``'s partials merge
+back to ``backends/generic/rl.py`` and ``attention``'s backward offsets back to device tensors (what
+the product ran before). Both sides are the same
 bits (the conformance suite checks the kernels); this measures only time. The sides alternate in
 rounds (``--rounds``), each round ``--steps`` steps after a warm-up, and the plain side
 (transformers + torch AdamW) runs once for the ratio.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import statistics
 import sys
@@ -39,19 +41,26 @@ def generic_glue() -> Iterator[None]:
     from rlkernel.backends.triton import rl as triton_rl
     from rlkernel.backends.triton import token_logprobs_backward as triton_tlb
 
+    attention_op = importlib.import_module("rlkernel.ops.attention")  # the module (the package exports the function)
+
     steps = triton_tlb.TritonSteps
     saved = {name: getattr(steps, name) for name in ("token_terms", "maxima_exponents", "finish_hidden")}
     saved_merge = triton_rl._merge
+    saved_offsets = attention_op.backward_offsets
     for name in saved:
         setattr(steps, name, getattr(generic_tlb.Steps, name))
     triton_rl._merge = lambda partials, denominator, partial: generic_rl.masked_mean(
         partials=partials, denominator=denominator, partial=partial)
+    # the backward read the forward's device offsets again (a host read that waits for the GPU)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    attention_op.backward_offsets = lambda lens: tuple(t.to(device) for t in saved_offsets(lens))
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(steps, name, fn)
         triton_rl._merge = saved_merge
+        attention_op.backward_offsets = saved_offsets
 
 
 def main(argv: list[str] | None = None) -> dict:
