@@ -110,11 +110,12 @@ def _product(x: torch.Tensor, w: torch.Tensor, ex: torch.Tensor, ew: torch.Tenso
 
 
 class Steps:
-    """The backward's steps over ``T x V`` or ``V x H`` elements, which a backend may run as kernels:
+    """The backward's steps, which a backend may run as kernels: over ``T x V`` or ``V x H`` elements
     the matrix products (the logits of token rows against weight rows; the exact int64 ``X @ W.T``
     of coefficient rows on 28-bit grids against 21-bit-grid rows), the row max and exact sum of a
     logits chunk, the coefficients with their row and column maxima, the column exponents of W and
-    h, and the one rounding of d_weight's exact sums.
+    h, and the one rounding of d_weight's exact sums; and the per-token terms, the exponents from
+    the running maxima and d_hidden's finish, small but each a chain of ~10-60 torch operations here.
 
     This class is the device-generic way (torch operations: digit GEMMs, float64 grids on the CPU);
     a backend with kernels passes a subclass (``backends/triton/token_logprobs_backward.py``: Triton).

@@ -2,8 +2,9 @@
 
 Contract ``token_logprobs_backward`` v1. The passes and the chunking are the device-generic
 implementation's (``backends/generic/token_logprobs_backward.py``: its ``Steps`` hooks); every
-step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only O(T), O(V) and
-``T x H`` glue stays in torch:
+step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and so do the per-token terms, the
+exponents from maxima and d_hidden's finish (as torch chains they were ~20 ms of host time in an H100
+trainer step); only allocations and a few O(V) maxima stay in torch:
 
 * the logits recomputed per token chunk: ``linear``'s fp32 epilogue (:func:`.linear.logits`,
   the same contract ``linear`` v2 product rounded once), one launch for the whole vocabulary
@@ -24,6 +25,10 @@ step over ``T x V`` or ``V x H`` elements runs here as a Triton kernel, and only
   ``linear``'s digit kernel rounds bf16/fp16 grids only, a 24-bit significand needs
   :func:`._tl_exact.grid_int_f32`); the other operand (W.T or h.T, bf16/fp16, strided views) gets
   its three digits from ``linear``'s digit kernel on the given exponents;
+* each token chunk's ``finite``, ``m0``, ``L = RN32(S 2**-40)`` and the target's coefficient ``a_y``
+  (``_tlb_tokens_kernel``), the grid exponents of rows or columns from their maxima
+  (``_tlb_exponents_kernel``), and d_hidden from the two int64 words of its exact sums
+  (``_tlb_finish_hidden_kernel``, ``int2_to_out``: one rounding);
 * the one rounding of d_weight's exact sums, ``RN32(C 2**(ec + eh - 47))`` over ``V x H``
   elements: the grids are ``linear``'s (28 + 21 bits, and so is the sentinel), so where pass A
   kept every token's coefficients the product runs with ``linear``'s fp32 epilogue
