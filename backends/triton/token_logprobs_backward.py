@@ -305,7 +305,7 @@ class TritonSteps(_generic.Steps):
             _tlb_tokens_kernel[(cdiv(r, TOKEN_BLOCK),)](
                 z, z.stride(0), m.contiguous(), s_int.contiguous(), local_y.contiguous(), finite.view(torch.int8),
                 m0, total, a_y, r, v, BLOCK=TOKEN_BLOCK, num_warps=4, **LAUNCH)
-        elif r:  # no vocabulary columns (V = 0): the generic steps (nothing to gather)
+        elif r:  # V = 0 (the public ops refuse an empty vocabulary): what the generic steps do with it
             return super().token_terms(z, m, s_int, local_y)
         return finite, m0, total, a_y
 
