@@ -447,6 +447,49 @@ def test_attention_past_f64_keys_equals_the_generic_backend(rows: int | None) ->
         A.CHUNKS_BLOCK_M = saved
 
 
+def test_attention_takes_offsets_and_tables_on_the_cpu() -> None:
+    """The public attention ops take their offsets, lengths and block tables on q's device or on the CPU
+    (their docstrings); the Triton launchers move CPU ones to the GPU, and attention's autograd hands the
+    backward CPU offsets (``backward_offsets``). Against the device-generic backend on device metadata:
+    varlen prefill, its gradients, and a paged decode step."""
+    from rlkernel import ops
+    from rlkernel.backends.generic import attention as generic
+    from rlkernel.backends.generic import attention_backward as generic_backward
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lens = [37, 5, 64]
+    tq = sum(lens)
+    q = torch.randn(tq, 8, 64, generator=g, device="cuda").to(torch.bfloat16)
+    k = torch.randn(tq, 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+    v = torch.randn(tq, 2, 64, generator=g, device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([0, 37, 42, tq], dtype=torch.int32)
+    want = generic.attention(q, k, v, cu.cuda(), cu.cuda(), None, True)
+    _assert_bitwise(want, ops.attention(q, k, v, cu, cu), "attention, CPU offsets")
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = ops.attention(qg, kg, vg, cu.cuda(), cu.cuda())
+    grad = torch.randn(out.shape, generator=g, device="cuda").to(torch.bfloat16)
+    out.backward(grad)
+    wants = generic_backward.attention_backward(grad, q, k, v, out.detach(), cu.cuda(), cu.cuda(), None, True)
+    for name, w, t in zip("qkv", wants, (qg, kg, vg)):
+        _assert_bitwise(w, t.grad, f"attention backward d{name}, the forward's offsets on the host")
+    # a decode step of the three sequences through a paged cache of 16-slot blocks
+    bs, blocks = 16, [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]
+    k_cache = torch.zeros(11, bs, 2, 64, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    for b, (n, table) in enumerate(zip(lens, blocks)):
+        rows = k[sum(lens[:b]):sum(lens[:b]) + n]
+        for j in range(n):
+            k_cache[table[j // bs], j % bs] = rows[j]
+            v_cache[table[j // bs], j % bs] = v[sum(lens[:b]) + j]
+    table = torch.tensor([t + [0] * (5 - len(t)) for t in blocks], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    cu_q = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    qd = q[:3].contiguous()
+    want = generic.attention_paged(qd, k_cache, v_cache, table.cuda(), seq_lens.cuda(), cu_q.cuda(), None, True)
+    _assert_bitwise(want, ops.attention_paged(qd, k_cache, v_cache, table, seq_lens, cu_q),
+                    "attention_paged, CPU block table, lengths and offsets")
+
+
 def test_embedding_bad_id_is_a_value_error_on_the_gpu() -> None:
     """The id range check runs in the kernel (no host pre-check): the error still names the id."""
     from rlkernel import ops

@@ -53,3 +53,10 @@ def next_pow2(n: int) -> int:
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ints, in plain Python (``triton.cdiv`` costs ~3 us a host call)."""
     return -(-a // b)
+
+
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` contiguous on ``device``: the public attention ops take their offsets, lengths and block
+    tables on q's device or on the CPU (read on the host), and a kernel can only read device memory."""
+    return (t if t.device == device else t.to(device)).contiguous()
+

@@ -50,7 +50,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2, on_device
 from .linear import _ldexp_clamped
 from .targets import TritonTarget
 
@@ -561,8 +561,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: t
     """Kernel ``attention``: q [Tq, Hq, D], k/v [Tk, Hkv, D] (bf16/fp16, last axis contiguous), packed."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     dispatch.note_kernel("triton-varlen")
-    return _launch(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, 1, k.shape[1],
-                   scale, causal, paged=False, target=target)
+    return _launch(q, k, v, on_device(cu_seqlens_q, q.device), on_device(cu_seqlens_k, q.device), None, None, 1,
+                   k.shape[1], scale, causal, paged=False, target=target)
 
 
 def static_specs(target: TritonTarget):

@@ -35,7 +35,7 @@ import triton.language as tl
 from rlkernel import dispatch
 
 from . import _tl_exact as E
-from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2
+from ._common import LAUNCH, OUT_CODE, cdiv, f32_bits, next_pow2, on_device
 from .attention import (
     F64_KEYS,
     _dot9_levels,
@@ -261,7 +261,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"kernels index at most 2**32 - 1 (32-bit block-table arithmetic); use a smaller cache")
     kc = k_cache.contiguous().view(nb * bs, hkv, d)  # rows = block * block_size + slot
     vc = v_cache.contiguous().view(nb * bs, hkv, d)
-    cu_q, lens, table = cu_seqlens_q.contiguous(), seq_lens_k.contiguous(), block_table.contiguous()
+    cu_q, lens, table = (on_device(t, q.device) for t in (cu_seqlens_q, seq_lens_k, block_table))
     dispatch.note_kernel("triton-paged")
     tq, hq, _ = q.shape
     out = torch.empty((tq, hq, d), dtype=q.dtype, device=q.device)
