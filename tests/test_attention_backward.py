@@ -61,6 +61,33 @@ def test_autograd_runs_the_backward_op() -> None:
     assert first_difference(list(expected), [q.grad, k.grad, v.grad]) is None
 
 
+def test_autograd_hands_the_backward_the_forward_offsets_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward gets the offsets the forward read, as CPU tensors (a read of device offsets would
+    wait for every queued kernel): the same bits as the offsets given, and an in-place change of the
+    offset tensors after the forward does not reach its backward."""
+    import rlkernel.backends.generic.attention_backward as module
+
+    inputs = CASES["chunked_h4_2_d64_bf16"].make()
+    q, k, v = _leaves(inputs)
+    cu_q, cu_k = inputs["cu_seqlens_q"].clone(), inputs["cu_seqlens_k"].clone()
+    out = ops.attention(q, k, v, cu_q, cu_k)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = module.backward_with
+
+    def spy(steps: Any, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, cq: torch.Tensor, ck: torch.Tensor, *rest: Any) -> Any:
+        seen.append((cq, ck))
+        return real(steps, grad_out, q, k, v, out, cq, ck, *rest)
+
+    monkeypatch.setattr(module, "backward_with", spy)
+    cu_q.fill_(0)  # after the forward: its backward keeps the offsets the forward ran with
+    cu_k.fill_(0)
+    out.backward(inputs["grad_out"])
+    assert len(seen) == 1 and all(t.device.type == "cpu" and t.dtype == torch.int64 for t in seen[0])
+    assert [t.tolist() for t in seen[0]] == [inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()]
+    assert first_difference(list(ops.attention_backward(**inputs)), [q.grad, k.grad, v.grad]) is None
+
+
 def test_grad_only_for_the_inputs_that_require_it() -> None:
     inputs = CASES["mha_h3_3_d16_bf16"].make()
     q = inputs["q"].clone().requires_grad_(True)
