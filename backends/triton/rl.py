@@ -260,8 +260,7 @@ def _merge(partials: torch.Tensor | Sequence[torch.Tensor], denominator: float |
            partial: bool) -> torch.Tensor:
     """Merged partials [K, 21] (slot-wise int64 sums in the finish kernel, one launch): the canonical
     partial, or its mean."""
-    states = (partials if isinstance(partials, torch.Tensor)
-              else torch.cat([p.reshape(-1, 21) for p in partials])).reshape(-1, 21).contiguous()
+    states = _generic._as_partials(partials).contiguous()
     dev = states.device
     if partial:
         out = torch.empty(21, dtype=torch.int64, device=dev)

@@ -7,6 +7,7 @@ calls ``attention_backward``); ``attention_paged`` is the rollout path and stays
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 from numbers import Real
@@ -289,13 +290,9 @@ def backward_offsets(lens: tuple[list[int], list[int]]) -> tuple[torch.Tensor, t
     waited 8.6 ms and left the GPU idle while the host caught up). The same integers as the forward's
     ``cu_seqlens_q`` / ``cu_seqlens_k``: the same bits (and an in-place change of those tensors after
     the forward cannot reach its backward)."""
-    def cumulative(lengths: list[int]) -> torch.Tensor:
-        out = [0]
-        for n in lengths:
-            out.append(out[-1] + n)
-        return torch.tensor(out, dtype=torch.int64)
-
-    return cumulative(lens[0]), cumulative(lens[1])
+    q_lens, k_lens = lens
+    return (torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int64),
+            torch.tensor([0, *itertools.accumulate(k_lens)], dtype=torch.int64))
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
